@@ -1,0 +1,25 @@
+"""workledger: make large batches of work complete, resumable and countable.
+
+One durable ledger row per unit of work, written before anything is dispatched; chunked
+claims under leases; fenced, one-way terminal transitions; a run's state derived from its
+items. See README.md and docs/.
+"""
+
+from workledger.api import Ledger, RunStatus, Submission
+from workledger.core.outcomes import Item, Permanent, Retry, Skip
+from workledger.errors import WorkledgerError
+from workledger.runtime.execute import Context, ItemView
+
+__all__ = [
+    "Context",
+    "Item",
+    "ItemView",
+    "Ledger",
+    "Permanent",
+    "Retry",
+    "RunStatus",
+    "Skip",
+    "Submission",
+    "WorkledgerError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,231 @@
+"""The facade: ``Ledger`` holds job definitions and a store, and offers submit, work, status.
+
+>>> ledger = Ledger("sqlite:///workledger.db")              # doctest: +SKIP
+>>> sub = ledger.job("ingest-events").submit({"events": []})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from workledger.core.status import RunFacts, derive
+from workledger.errors import DecompositionFailed, PayloadMismatch, UnknownJob, UnknownRun
+from workledger.runtime.decompose import decompose
+from workledger.runtime.jobs import Job, canonical_json, default_key
+from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
+from workledger.storage import DEFAULT_URL, open_store
+from workledger.storage.port import EventRow, ItemRow, ItemsQuery, NewRun, RunRow, Store
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state derived from its items (never from its stored counters alone)."""
+
+    run_id: int
+    job: str
+    key: str
+    state: str
+    total: int
+    complete: bool
+    counts: dict[str, dict[str, int]]
+    processed: int
+    failed: int
+    skipped: int
+    next: str
+    created_at: str
+    decomposed_at: str | None
+    completed_at: str | None
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Submission:
+    run_id: int
+    created: bool
+    status: RunStatus
+
+    @property
+    def state(self) -> str:
+        return self.status.state
+
+    @property
+    def next(self) -> str:
+        return self.status.next
+
+
+class Ledger:
+    """Job definitions plus the database that holds their runs.
+
+    ``url``: ``sqlite:///relative.db``, ``sqlite:////absolute.db`` or
+    ``postgresql://user@host:5432/db``; default ``WORKLEDGER_DB`` or ``sqlite:///workledger.db``.
+    The database is opened (and migrated) on first use.
+    """
+
+    def __init__(self, url: str | None = None, *, seed: int | None = None) -> None:
+        self.url = url or os.environ.get("WORKLEDGER_DB") or DEFAULT_URL
+        self.jobs: dict[str, Job] = {}
+        self.rng = random.Random(seed)
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+
+    # -- database --------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        with self._lock:
+            if self._store is None:
+                store = open_store(self.url)
+                try:
+                    store.migrate()
+                except BaseException:
+                    store.close()
+                    raise
+                self._store = store
+            return self._store
+
+    def use(self, url: str) -> None:
+        """Point this ledger at another database (the CLI's ``--db``)."""
+        self.close()
+        self.url = url
+
+    def init(self) -> list[int]:
+        """Apply missing migrations; return the versions applied (empty when up to date)."""
+        store = open_store(self.url)
+        try:
+            return store.migrate()
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    # -- jobs and runs ---------------------------------------------------------------------
+
+    def job(self, name: str, *, tolerate: float | int = 0, full_history: bool = False) -> Job:
+        """Define (or fetch) the job called ``name``."""
+        if name not in self.jobs:
+            self.jobs[name] = Job(self, name, tolerate=tolerate, full_history=full_history)
+        return self.jobs[name]
+
+    def job_named(self, name: str) -> Job:
+        try:
+            return self.jobs[name]
+        except KeyError:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
+
+    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission:
+        """Record a run, decompose it, and return its real state.
+
+        A key that exists already returns that run (``created=False``) and its real state;
+        the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
+        """
+        job = self.job_named(job_name)
+        job.check_ready()
+        text = canonical_json(payload)
+        run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text))
+        if not created:
+            if canonical_json(run.payload) != text:
+                raise PayloadMismatch(
+                    f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
+                    " with a different payload; nothing was written", run.id)
+            return Submission(run.id, False, self._status_of(run))
+        try:
+            run = decompose(self.store, job, run)
+        except DecompositionFailed as exc:
+            exc.status = self.status(run.id)
+            raise
+        return Submission(run.id, True, self._status_of(run))
+
+    def work(
+        self,
+        *,
+        concurrency: int = 4,
+        until_idle: bool = True,
+        chunk: int = 100,
+        lease: float = 30.0,
+        jobs: Sequence[str] | None = None,
+        on_progress: Callable[[WorkReport], None] | None = None,
+    ) -> WorkReport:
+        """Claim, run and complete items until stopped (or, with ``until_idle``, until idle)."""
+        return self.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk,
+                           lease=lease, jobs=jobs, on_progress=on_progress).run()
+
+    def worker(
+        self,
+        *,
+        concurrency: int = 4,
+        until_idle: bool = False,
+        chunk: int = 100,
+        lease: float = 30.0,
+        jobs: Sequence[str] | None = None,
+        on_progress: Callable[[WorkReport], None] | None = None,
+    ) -> Worker:
+        chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
+        for job in chosen.values():
+            job.check_ready()
+        options = WorkerOptions(concurrency=concurrency, chunk=chunk, lease=lease,
+                                until_idle=until_idle)
+        return Worker(self.store, chosen, options, rng=random.Random(self.rng.random()),
+                      on_progress=on_progress)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _run(self, run_id: int) -> RunRow:
+        run = self.store.run_get(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id} in {self.url}")
+        return run
+
+    def status(self, run_id: int) -> RunStatus:
+        return self._status_of(self._run(run_id))
+
+    def runs(self, limit: int = 100) -> list[RunStatus]:
+        return [self._status_of(r) for r in self.store.runs_list(limit)]
+
+    def items(
+        self, run_id: int, *, stage: str | None = None, state: str | None = None,
+        limit: int = 1000, after_id: int = 0,
+    ) -> list[ItemRow]:
+        self._run(run_id)
+        return self.store.items_list(ItemsQuery(run_id, stage, state, limit, after_id))
+
+    def events(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
+        return self.store.events_list(run_id, item_id)
+
+    def _status_of(self, run: RunRow) -> RunStatus:
+        counts = self.store.run_counts(run.id)
+        job = self.jobs.get(run.job)
+        outlook = self.store.outlook([run.id])
+        facts = RunFacts(
+            stages=[s.name for s in job.stages] if job else list(counts),
+            counts=counts,
+            decomposed=run.decomposed_at is not None,
+            paused=run.paused_at is not None,
+            cancelled=run.cancelled_at is not None,
+            error=run.error,
+            expired_leases=outlook.expired,
+            retries_waiting=outlook.waiting,
+            tolerate=job.tolerate if job else 0,
+        )
+        d = derive(facts)
+        return RunStatus(
+            run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state,
+            total=d.units.total, complete=d.complete, counts=counts,
+            processed=d.units.processed, failed=d.units.failed, skipped=d.units.skipped,
+            next=d.next, created_at=str(run.created_at),
+            decomposed_at=None if run.decomposed_at is None else str(run.decomposed_at),
+            completed_at=None if run.completed_at is None else str(run.completed_at),
+            error=run.error,
+        )

@@ -1,0 +1,142 @@
+"""What a handler says, and the one pure function that turns it into a transition.
+
+Handlers signal by returning (success) or raising one of :class:`Retry`, :class:`Permanent` or
+:class:`Skip`; any other exception is an unclassified error and is retried. The runtime
+converts that into an :data:`Outcome` value and :func:`decide` turns it into a
+:class:`Decision` without touching a database, a clock or a random source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workledger.core.retry import RetryPolicy, backoff_delay
+from workledger.core.states import ItemState, Transition
+
+
+# -- what user code raises or yields -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit yielded by a decomposer: its business identity and a little data."""
+
+    key: str | int | None = None
+    data: Any = None
+
+
+class Skip(Exception):  # noqa: N818 - a public, user-facing name
+    """Yielded by a decomposer or raised by a handler: the unit ends ``skipped`` with a reason."""
+
+    def __init__(self, reason: str = "skipped", *, key: str | int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.key = key
+
+
+class Retry(Exception):  # noqa: N818
+    """Raised by a handler: try again later (after ``delay`` seconds if given)."""
+
+    def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
+class Permanent(Exception):  # noqa: N818
+    """Raised by a handler: the item fails now, without further attempts."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- outcome values -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Processed:
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    reason: str
+    delay: float | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unknown:
+    evidence: str
+
+
+Outcome = Processed | RetryLater | Failed | Skipped | Unknown
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The transition to write for one finished execution."""
+
+    state: ItemState
+    transition: Transition
+    result: Any = None
+    error: str | None = None
+    delay: float | None = None  # seconds until the item may be claimed again (pending only)
+    event: str | None = None  # wl_events kind to record, None on the happy path
+
+
+def outcome_of_exception(exc: BaseException) -> Outcome:
+    """Classify an exception raised by a handler."""
+    if isinstance(exc, Skip):
+        return Skipped(exc.reason)
+    if isinstance(exc, Permanent):
+        return Failed(exc.reason)
+    if isinstance(exc, Retry):
+        return RetryLater(exc.reason, exc.delay)
+    text = str(exc)
+    return RetryLater(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -> Decision:
+    """Turn an outcome of execution number ``attempt`` (1-based) into a transition.
+
+    ``jitter`` is a number in [0, 1) drawn by the caller, so this stays deterministic.
+
+    >>> decide(RetryLater("boom"), 5, RetryPolicy(max_attempts=5), 0.5).state
+    <ItemState.FAILED: 'failed'>
+    """
+    match outcome:
+        case Processed(result):
+            return Decision(ItemState.PROCESSED, Transition.COMPLETE, result=result)
+        case Skipped(reason):
+            return Decision(ItemState.SKIPPED, Transition.SKIP, error=reason, event="skipped")
+        case Failed(reason):
+            return Decision(ItemState.FAILED, Transition.FAIL, error=reason, event="failed")
+        case Unknown(evidence):
+            return Decision(
+                ItemState.UNKNOWN, Transition.LEASE_EXPIRED_UNKNOWN, error=evidence, event="unknown"
+            )
+        case RetryLater(reason, delay):
+            if attempt >= policy.max_attempts:
+                why = f"retries exhausted after {attempt} attempts: {reason}"
+                return Decision(ItemState.FAILED, Transition.FAIL, error=why, event="failed")
+            wait = delay if delay is not None else backoff_delay(attempt, policy, jitter)
+            return Decision(
+                ItemState.PENDING,
+                Transition.RETRY_LATER,
+                error=reason,
+                delay=max(0.0, wait),
+                event="retry_scheduled",
+            )
+    raise TypeError(f"not an outcome: {outcome!r}")

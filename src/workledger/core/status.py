@@ -1,0 +1,107 @@
+"""Derive a run's state, its unit counters and who moves it next, from ledger facts.
+
+Everything here is computed from item counts and run markers; nothing stored is trusted on
+its own (DESIGN invariant 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from workledger.core.states import ItemState
+
+Counts = Mapping[str, Mapping[str, int]]  # stage -> state -> n
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    stages: Sequence[str]  # the job's stages in order; stages seen only in rows are appended
+    counts: Counts
+    decomposed: bool
+    paused: bool = False
+    cancelled: bool = False
+    error: str | None = None
+    expired_leases: int = 0  # claimed items whose lease has run out
+    retries_waiting: int = 0  # pending items whose not_before is in the future
+    tolerate: float | int = 0
+
+
+@dataclass(frozen=True)
+class Units:
+    total: int
+    processed: int
+    failed: int
+    skipped: int
+
+    @property
+    def finished(self) -> int:
+        return self.processed + self.failed + self.skipped
+
+
+@dataclass(frozen=True)
+class Derived:
+    state: str
+    complete: bool
+    units: Units
+    next: str
+    unsettled: int = 0  # items not in a terminal state
+    notes: list[str] = field(default_factory=list)
+
+
+def _n(counts: Counts, stage: str, state: ItemState) -> int:
+    return int(counts.get(stage, {}).get(state.value, 0))
+
+
+def units_of(stages: Sequence[str], counts: Counts) -> Units:
+    """Count in units: total is first-stage items; processed means the last stage processed."""
+    order = list(stages) + [s for s in counts if s not in stages]
+    if not order:
+        return Units(0, 0, 0, 0)
+    total = sum(counts.get(order[0], {}).values())
+    processed = _n(counts, order[-1], ItemState.PROCESSED)
+    failed = sum(_n(counts, s, ItemState.FAILED) for s in order)
+    skipped = sum(_n(counts, s, ItemState.SKIPPED) for s in order)
+    return Units(total, processed, failed, skipped)
+
+
+def failures_allowed(total: int, tolerate: float | int) -> int:
+    """How many failed units a run of ``total`` units may have and still complete."""
+    if isinstance(tolerate, bool) or tolerate < 0:
+        raise ValueError("tolerate must be a non-negative count or fraction")
+    if isinstance(tolerate, float) and tolerate < 1:
+        return int(total * tolerate)
+    return int(tolerate)
+
+
+def derive(facts: RunFacts) -> Derived:
+    units = units_of(facts.stages, facts.counts)
+    unsettled = sum(
+        n
+        for states in facts.counts.values()
+        for state, n in states.items()
+        if state not in ("processed", "failed", "skipped")
+    )
+    unknown = sum(_n(facts.counts, s, ItemState.UNKNOWN) for s in facts.counts)
+    complete = facts.decomposed and unsettled == 0 and units.finished >= units.total
+    if facts.cancelled:
+        state = "cancelled"
+        nxt = "nobody: cancelled" if unsettled == 0 else "workers"
+    elif not facts.decomposed:
+        state, nxt = "accepted", "sweeper"
+    elif complete:
+        if units.failed == 0:
+            state, nxt = "completed", "nobody: complete"
+        elif units.failed <= failures_allowed(units.total, facts.tolerate):
+            state, nxt = "completed_with_failures", "nobody: complete"
+        else:
+            state, nxt = "failed", f"operator: retry {units.failed} failed items"
+    elif unknown:
+        state, nxt = "awaiting_repair", f"operator: resolve {unknown} unknown items"
+    elif facts.paused:
+        state, nxt = "paused", "operator: resume"
+    elif facts.expired_leases or (facts.retries_waiting and facts.retries_waiting == unsettled):
+        state, nxt = "recovery_pending", "sweeper" if facts.expired_leases else "workers"
+    else:
+        state, nxt = "running", "workers"
+    return Derived(state=state, complete=complete, units=units, next=nxt, unsettled=unsettled)

@@ -1,0 +1,62 @@
+"""One exception tree, rooted at :class:`WorkledgerError`.
+
+The CLI maps each class to one line on stderr and a documented exit code:
+``UsageError`` and its children exit 2, everything else exits 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkledgerError(Exception):
+    """Base of every error workledger raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(WorkledgerError):
+    """The caller asked for something that cannot be done as asked (exit 2)."""
+
+    exit_code = 2
+
+
+class BadInput(UsageError):
+    """Input (a payload, a URL, a name) is malformed."""
+
+
+class UnknownJob(UsageError):
+    """No job of that name is defined in the app."""
+
+
+class UnknownRun(UsageError):
+    """No run with that id exists in the ledger."""
+
+
+class PayloadMismatch(UsageError):
+    """An idempotency key was reused with a different payload; nothing was written."""
+
+    def __init__(self, message: str, run_id: int) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class DatabaseUnavailable(WorkledgerError):
+    """The database cannot be reached or opened (exit 1)."""
+
+
+class StorageError(WorkledgerError):
+    """A database operation failed; the driver error is kept as ``__cause__``."""
+
+
+class AppError(WorkledgerError):
+    """The user's app could not be loaded or its code failed (exit 1)."""
+
+
+class DecompositionFailed(AppError):
+    """The decomposer raised; the run stays ``accepted`` with its rows so far kept."""
+
+    def __init__(self, message: str, run_id: int, status: Any = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status

@@ -1,0 +1,86 @@
+"""Run one handler for one claimed item and turn what happened into a fenced :class:`Finish`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from workledger.core.outcomes import (
+    Decision,
+    Failed,
+    Outcome,
+    Processed,
+    decide,
+    outcome_of_exception,
+)
+from workledger.core.states import ItemState
+from workledger.runtime.jobs import Job, Stage
+from workledger.storage.port import ClaimedItem, Finish
+
+# Reason left on an item whose holder lost its lease; the next claimer runs it in isolation.
+LEASE_EXPIRED = "lease_expired"
+
+
+@dataclass(frozen=True)
+class ItemView:
+    """What a handler sees: identity and small data (fetch current data when you run)."""
+
+    id: int
+    run_id: int
+    stage: str
+    seq: int
+    key: str | None
+    data: Any
+
+
+@dataclass(frozen=True)
+class Context:
+    """Per-execution facts. ``idempotency_key`` is stable across attempts: run/stage/seq."""
+
+    run_id: int
+    job: str
+    stage: str
+    attempt: int
+    idempotency_key: str
+    worker_id: str
+    lease_token: int
+
+
+def run_handler(job: Job, stage: Stage, item: ClaimedItem, attempt: int, worker_id: str) -> Outcome:
+    view = ItemView(item.id, item.run_id, item.stage, item.seq, item.key, item.data)
+    ctx = Context(item.run_id, job.name, item.stage, attempt,
+                  f"{item.run_id}/{item.stage}/{item.seq}", worker_id, item.lease_token)
+    try:
+        value = stage.handler(view, ctx)
+    except Exception as exc:  # a handler's failure is data, never a worker crash
+        return outcome_of_exception(exc)
+    try:
+        return Processed(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
+
+
+def to_finish(
+    job: Job, item: ClaimedItem, outcome: Outcome, attempt: int, jitter: float, charge: int
+) -> Finish:
+    """The pure decision plus what the finish transaction must also write."""
+    stage = job.stage_named(item.stage)
+    decision: Decision = decide(outcome, attempt, stage.policy, jitter)
+    nxt = job.next_stage(item.stage) if decision.state is ItemState.PROCESSED else None
+    unit = {
+        ItemState.PROCESSED: None if nxt else "processed",
+        ItemState.FAILED: "failed",
+        ItemState.SKIPPED: "skipped",
+    }.get(decision.state)
+    event = decision.event
+    if event is None and job.full_history:
+        event = decision.state.value
+    detail = None
+    if event is not None:
+        detail = json.dumps({"attempt": attempt, "error": decision.error, "delay": decision.delay})
+    return Finish(
+        id=item.id, lease_token=item.lease_token, state=decision.state.value,
+        result=decision.result, error=decision.error, delay=decision.delay, charge=charge,
+        unit=unit, next_stage=nxt, event=event, detail=detail,
+    )

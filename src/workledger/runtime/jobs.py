@@ -1,0 +1,113 @@
+"""Job and stage definitions: how a payload becomes items, and one handler per stage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workledger.core.outcomes import Item, Skip
+from workledger.core.retry import RetryPolicy
+from workledger.errors import BadInput, UsageError
+
+if TYPE_CHECKING:
+    from workledger.api import Ledger, Submission
+
+Decomposer = Callable[[Any], Iterable[Item | Skip]]
+Handler = Callable[[Any, Any], Any]
+Verify = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    handler: Handler
+    idempotent: bool = False
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    verify: Verify | None = None
+
+
+class Job:
+    """A named kind of batch. Create with :meth:`workledger.Ledger.job`.
+
+    >>> job = ledger.job("ingest-events")          # doctest: +SKIP
+    >>> @job.decompose
+    ... def split(payload): yield Item(key="e1")   # doctest: +SKIP
+    """
+
+    def __init__(
+        self, ledger: Ledger, name: str, *, tolerate: float | int = 0, full_history: bool = False
+    ) -> None:
+        if not name or not isinstance(name, str):
+            raise UsageError("a job needs a non-empty name")
+        self.ledger = ledger
+        self.name = name
+        self.tolerate = tolerate
+        self.full_history = full_history
+        self.decomposer: Decomposer | None = None
+        self.stages: list[Stage] = []
+
+    def decompose(self, fn: Decomposer) -> Decomposer:
+        """Register the function that turns a payload into items (it may yield millions)."""
+        self.decomposer = fn
+        return fn
+
+    def stage(
+        self,
+        name: str,
+        *,
+        idempotent: bool = False,
+        max_attempts: int = 5,
+        base_delay: float = 1.0,
+        max_delay: float = 300.0,
+        after: str | None = None,
+        verify: Verify | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register a per-item handler. Stages run in declaration order (``after`` checks it)."""
+        if any(s.name == name for s in self.stages):
+            raise UsageError(f"job {self.name!r} already has a stage {name!r}")
+        if after is not None and (not self.stages or self.stages[-1].name != after):
+            raise UsageError(f"stage {name!r} must be declared right after stage {after!r}")
+        policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay)
+
+        def register(fn: Handler) -> Handler:
+            self.stages.append(Stage(name, fn, idempotent, policy, verify))
+            return fn
+
+        return register
+
+    def stage_named(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise UsageError(f"job {self.name!r} has no stage {name!r}")
+
+    def next_stage(self, name: str) -> str | None:
+        names = [s.name for s in self.stages]
+        i = names.index(name)
+        return names[i + 1] if i + 1 < len(names) else None
+
+    def submit(self, payload: Any, key: str | None = None) -> Submission:
+        """Record a run (idempotently, by ``key``), decompose it, and report its real state."""
+        return self.ledger.submit(self.name, payload, key=key)
+
+    def check_ready(self) -> None:
+        if self.decomposer is None:
+            raise UsageError(f"job {self.name!r} has no decomposer (@job.decompose)")
+        if not self.stages:
+            raise UsageError(f"job {self.name!r} has no stage (@job.stage)")
+
+
+def canonical_json(value: Any, what: str = "payload") -> str:
+    """JSON text with sorted keys, refusing NaN and non-JSON types with a clear message."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def default_key(payload_json: str) -> str:
+    """Without an explicit key, the same payload is the same run (never a silent second copy)."""
+    return "sha256:" + hashlib.sha256(payload_json.encode()).hexdigest()

@@ -1,0 +1,306 @@
+"""The worker: claim a chunk under a lease, run its handlers in a thread pool, renew the
+leases of what is still running, and write all outcomes of a chunk with one fenced statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from workledger.core.outcomes import Failed, Outcome
+from workledger.runtime.execute import LEASE_EXPIRED, run_handler, to_finish
+from workledger.runtime.jobs import Job
+from workledger.storage.port import (
+    ClaimedItem,
+    ClaimParams,
+    Finish,
+    FinishParams,
+    LeaseParams,
+    ReclaimParams,
+    Store,
+)
+
+log = logging.getLogger("workledger.worker")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    concurrency: int = 4
+    chunk: int = 100
+    lease: float = 30.0  # seconds
+    until_idle: bool = False
+    poll: float = 0.5  # seconds between claims when nothing was claimable
+    flush_every: float = 1.0  # write finished outcomes at least this often within a chunk
+    reclaim_every: float | None = None  # default: lease / 2
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.chunk < 1:
+            raise ValueError("concurrency and chunk must be at least 1")
+        if self.lease <= 0:
+            raise ValueError("lease must be positive")
+
+
+@dataclass
+class WorkReport:
+    claimed: int = 0
+    processed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    retried: int = 0
+    stale: int = 0
+    released: int = 0
+    reclaimed: int = 0
+    chunks: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        jobs: Mapping[str, Job],
+        options: WorkerOptions | None = None,
+        *,
+        worker_id: str | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[WorkReport], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.jobs = dict(jobs)
+        self.options = options or WorkerOptions()
+        self.worker_id = worker_id or new_worker_id()
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.on_progress = on_progress
+        self.report = WorkReport()
+        self._stop = threading.Event()
+        self._cursor: dict[int, int] = {}
+        self._runs: list[tuple[int, str]] = []
+        self._runs_at = -1e9
+        self._turn = 0
+        self._reclaimed_at = -1e9
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop: running handlers finish, unstarted items are released."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> WorkReport:
+        with ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wl-handler") as pool:
+            while not self._stop.is_set():
+                self._maybe_reclaim()
+                chunk = self._claim_next()
+                if chunk:
+                    self._process(chunk, pool)
+                    continue
+                if self.options.until_idle and self._idle_for_good():
+                    break
+                self._stop.wait(self.options.poll)
+        return self.report
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def _active_runs(self, refresh: bool = False) -> list[tuple[int, str]]:
+        if refresh or self.clock() - self._runs_at > 1.0:
+            self._runs = self.store.runs_claimable(sorted(self.jobs))
+            self._runs_at = self.clock()
+        return self._runs
+
+    def _claim_next(self) -> list[ClaimedItem]:
+        """Claim from the active runs in turn, so a small run is not stuck behind a big one."""
+        runs = self._active_runs()
+        for i in range(len(runs)):
+            run_id, job = runs[(self._turn + i) % len(runs)]
+            chunk = self._claim_from(run_id, self.jobs[job])
+            if chunk:
+                self._turn = (self._turn + i + 1) % len(runs)
+                return chunk
+        self._runs_at = -1e9  # nothing anywhere: look for new runs next time
+        return []
+
+    def _claim_from(self, run_id: int, job: Job) -> list[ClaimedItem]:
+        params = ClaimParams(run_id=run_id, limit=self.options.chunk,
+                             lease_seconds=self.options.lease, actor=self.worker_id,
+                             record_event=job.full_history, after_id=self._cursor.get(run_id, 0))
+        chunk = self.store.items_claim(params)
+        if not chunk and params.after_id:
+            # one sweep from the start picks up retries and reclaimed rows behind the cursor
+            chunk = self.store.items_claim(
+                ClaimParams(run_id, params.limit, params.lease_seconds, 0, params.actor,
+                            params.record_event))
+        self._cursor[run_id] = chunk[-1].id if chunk else 0
+        self.report.claimed += len(chunk)
+        return chunk
+
+    def _idle_for_good(self) -> bool:
+        """Nothing is claimable now and nothing will become so without a person."""
+        runs = self._active_runs(refresh=True)
+        if not runs:
+            return True
+        outlook = self.store.outlook([r for r, _ in runs])
+        if outlook.ready or outlook.waiting or outlook.leased:
+            return False
+        return not outlook.expired or not self._has_reclaimable_stage()
+
+    def _has_reclaimable_stage(self) -> bool:
+        return any(s.idempotent for job in self.jobs.values() for s in job.stages)
+
+    # -- lease expiry ----------------------------------------------------------------------
+
+    def _maybe_reclaim(self) -> None:
+        every = self.options.reclaim_every or min(self.options.lease / 2, 10.0)
+        if self.clock() - self._reclaimed_at < every:
+            return
+        self._reclaimed_at = self.clock()
+        for job in self.jobs.values():
+            for stage in job.stages:
+                if not stage.idempotent:
+                    continue  # non-idempotent stages wait for the sweeper (verify / unknown)
+                rows = self.store.leases_reclaim_expired(ReclaimParams(
+                    job=job.name, stage=stage.name, to_state="pending",
+                    reason=f"{LEASE_EXPIRED}: its holder stopped renewing the lease",
+                    actor=self.worker_id))
+                self.report.reclaimed += len(rows)
+
+    # -- processing ------------------------------------------------------------------------
+
+    def _process(self, chunk: list[ClaimedItem], pool: ThreadPoolExecutor) -> None:
+        job = self._job_of(chunk[0].run_id)
+        suspects = [c for c in chunk if c.error and c.error.startswith(LEASE_EXPIRED)]
+        normal = [c for c in chunk if not (c.error and c.error.startswith(LEASE_EXPIRED))]
+        batch = _Batch(self, chunk[0].run_id, chunk[0].lease_token)
+        for item in suspects:
+            if self._stop.is_set():
+                batch.release([item.id])
+                continue
+            self._run_isolated(job, item, batch, pool)
+        self._run_pooled(job, normal, batch, pool)
+        batch.flush()
+        self.report.chunks += 1
+        if self.on_progress:
+            self.on_progress(self.report)
+
+    def _job_of(self, run_id: int) -> Job:
+        for rid, name in self._runs:
+            if rid == run_id:
+                return self.jobs[name]
+        raise LookupError(f"run {run_id} is not one of this worker's runs")
+
+    def _run_isolated(
+        self, job: Job, item: ClaimedItem, batch: _Batch, pool: ThreadPoolExecutor
+    ) -> None:
+        """An item whose previous holder vanished may be poison: charge its attempt before it
+        starts, and run it alone, so a crash charges it and none of its siblings."""
+        policy = job.stage_named(item.stage).policy
+        if item.attempts >= policy.max_attempts:
+            reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"
+            batch.add(to_finish(job, item, Failed(reason), item.attempts, 0.0, charge=0))
+            return
+        params = LeaseParams(item.run_id, [item.id], item.lease_token)
+        if not self.store.items_mark_started(params):
+            return  # lost the lease already; the new holder owns it
+        attempt = item.attempts + 1
+        future = pool.submit(run_handler, job, job.stage_named(item.stage), item, attempt,
+                             self.worker_id)
+        batch.wait({future: item}, lambda f, i: batch.add(
+            to_finish(job, i, f.result(), attempt, self.rng.random(), charge=0)))
+
+    def _run_pooled(
+        self, job: Job, items: list[ClaimedItem], batch: _Batch, pool: ThreadPoolExecutor
+    ) -> None:
+        futures: dict[Future[Outcome], ClaimedItem] = {
+            pool.submit(run_handler, job, job.stage_named(i.stage), i, i.attempts + 1,
+                        self.worker_id): i
+            for i in items
+        }
+        batch.wait(futures, lambda f, i: batch.add(
+            to_finish(job, i, f.result(), i.attempts + 1, self.rng.random(), charge=1)))
+
+
+class _Batch:
+    """Outcomes of one chunk waiting to be written, and the leases still held."""
+
+    def __init__(self, worker: Worker, run_id: int, token: int) -> None:
+        self.worker = worker
+        self.store = worker.store
+        self.run_id = run_id
+        self.token = token
+        self.finishes: list[Finish] = []
+        self.last_flush = worker.clock()
+        self.last_beat = worker.clock()
+
+    def add(self, finish: Finish) -> None:
+        self.finishes.append(finish)
+
+    def wait(
+        self,
+        futures: dict[Future[Outcome], ClaimedItem],
+        on_done: Callable[[Future[Outcome], ClaimedItem], None],
+    ) -> None:
+        """Wait for ``futures``, renewing leases of running items and flushing as time passes."""
+        opts = self.worker.options
+        left = dict(futures)
+        cancelled = False
+        while left:
+            beat_in = opts.lease / 3 - (self.worker.clock() - self.last_beat)
+            flush_in = opts.flush_every - (self.worker.clock() - self.last_flush)
+            timeout = max(0.01, min(beat_in, flush_in if self.finishes else beat_in))
+            done, _ = wait(left, timeout=timeout, return_when=FIRST_COMPLETED)
+            for f in done:
+                on_done(f, left.pop(f))
+            if self.worker.stopping and not cancelled:
+                cancelled = True
+                dropped = [i.id for f, i in list(left.items()) if f.cancel()]
+                for f in [f for f in left if f.cancelled()]:
+                    left.pop(f)
+                self.release(dropped)
+            if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
+                self._heartbeat([i.id for i in left.values()])
+            if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
+                self.flush()
+
+    def _heartbeat(self, ids: list[int]) -> None:
+        self.store.items_heartbeat(LeaseParams(self.run_id, ids, self.token,
+                                               self.worker.options.lease))
+        self.last_beat = self.worker.clock()
+
+    def release(self, ids: list[int]) -> None:
+        if ids:
+            n = self.store.items_release(LeaseParams(self.run_id, ids, self.token))
+            self.worker.report.released += n
+
+    def flush(self) -> None:
+        self.last_flush = self.worker.clock()
+        if not self.finishes:
+            return
+        finishes, self.finishes = self.finishes, []
+        result = self.store.items_finish_if_leased(
+            FinishParams(self.run_id, finishes, actor=self.worker.worker_id))
+        applied = set(result.applied)
+        report = self.worker.report
+        report.stale += len(result.stale)
+        for f in finishes:
+            if f.id in applied:
+                report.by_state[f.state] = report.by_state.get(f.state, 0) + 1
+                if f.state == "pending":
+                    report.retried += 1
+                elif f.state in ("processed", "failed", "skipped"):
+                    setattr(report, f.state, getattr(report, f.state) + 1)

@@ -1,0 +1,222 @@
+"""The storage port: a small, set-based interface every adapter implements.
+
+Each method takes and returns plain frozen values. Only modules under ``workledger.storage``
+import a database driver; the runtime speaks to the ledger through this protocol alone.
+All times that matter for leases are computed by the database, never by a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# -- values -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewRun:
+    job: str
+    idempotency_key: str
+    payload: str  # canonical JSON text
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    job: str
+    idempotency_key: str
+    payload: Any
+    created_at: str
+    decomposed_at: str | None
+    completed_at: str | None
+    paused_at: str | None
+    cancelled_at: str | None
+    error: str | None
+    total: int
+    processed: int
+    failed: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class NewItem:
+    seq: int
+    key: str | None
+    data: str | None  # JSON text
+    state: str = "pending"  # 'pending' or 'skipped'
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ItemsInsert:
+    run_id: int
+    stage: str
+    items: Sequence[NewItem]
+
+
+@dataclass(frozen=True)
+class ClaimParams:
+    run_id: int
+    limit: int
+    lease_seconds: float
+    after_id: int = 0  # per-worker cursor: only rows with id > after_id
+    actor: str = "worker"
+    record_event: bool = False  # write a 'claimed' event per item (full history jobs)
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    id: int
+    run_id: int
+    stage: str
+    seq: int
+    key: str | None
+    data: Any
+    attempts: int
+    lease_token: int
+    error: str | None  # the reason left by the previous attempt, if any
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The fenced outcome of one execution."""
+
+    id: int
+    lease_token: int
+    state: str  # processed | failed | skipped | pending | unknown
+    result: str | None = None  # JSON text
+    error: str | None = None
+    delay: float | None = None  # pending only: seconds until claimable again
+    charge: int = 1  # attempts to add (0 when charged when the execution started)
+    unit: str | None = None  # unit counter this moves: processed | failed | skipped | None
+    next_stage: str | None = None  # insert this stage's row in the same transaction
+    event: str | None = None  # wl_events kind to record, None on the happy path
+    detail: str | None = None  # JSON text for the event
+
+
+@dataclass(frozen=True)
+class FinishParams:
+    run_id: int
+    finishes: Sequence[Finish]
+    actor: str = "worker"
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    applied: list[int]
+    stale: list[int]
+
+
+@dataclass(frozen=True)
+class LeaseParams:
+    run_id: int
+    ids: Sequence[int]
+    lease_token: int
+    lease_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReclaimParams:
+    job: str
+    stage: str
+    to_state: str  # 'pending' (idempotent stage) or 'unknown'
+    reason: str
+    actor: str = "sweeper"
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What remains for the given runs: used to decide whether a worker is idle for good."""
+
+    ready: int  # pending and claimable now
+    waiting: int  # pending with not_before in the future
+    next_ready_in: float | None  # seconds until the earliest waiting item
+    leased: int  # claimed with a live lease
+    lease_ends_in: float | None  # seconds until the earliest live lease ends
+    expired: int  # claimed with an expired lease
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    id: int
+    run_id: int
+    stage: str
+    seq: int
+    key: str | None
+    data: Any
+    state: str
+    attempts: int
+    lease_until: str | None
+    not_before: str | None
+    lease_token: int | None
+    result: Any
+    error: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class ItemsQuery:
+    run_id: int
+    stage: str | None = None
+    state: str | None = None
+    limit: int = 1000
+    after_id: int = 0
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    run_id: int
+    item_id: int | None
+    at: str
+    kind: str
+    lease_token: int | None
+    actor: str | None
+    detail: Any
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    run_id: int
+    kind: str
+    item_id: int | None = None
+    lease_token: int | None = None
+    actor: str | None = None
+    detail: str | None = None  # JSON text
+
+
+# -- the port -----------------------------------------------------------------------------------
+
+
+class Store(Protocol):
+    """Everything the runtime needs from a database. Both adapters pass one contract suite."""
+
+    dialect: str
+
+    def migrate(self) -> list[int]: ...
+    def schema_version(self) -> int: ...
+    def close(self) -> None: ...
+
+    def run_submit(self, new: NewRun) -> tuple[RunRow, bool]: ...
+    def run_get(self, run_id: int) -> RunRow | None: ...
+    def runs_list(self, limit: int = 100) -> list[RunRow]: ...
+    def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow: ...
+    def run_record_error(self, run_id: int, error: str | None) -> None: ...
+    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]: ...
+    def run_counts(self, run_id: int) -> dict[str, dict[str, int]]: ...
+
+    def items_insert_many(self, params: ItemsInsert) -> int: ...
+    def items_claim(self, params: ClaimParams) -> list[ClaimedItem]: ...
+    def items_mark_started(self, params: LeaseParams) -> list[int]: ...
+    def items_heartbeat(self, params: LeaseParams) -> int: ...
+    def items_release(self, params: LeaseParams) -> int: ...
+    def items_finish_if_leased(self, params: FinishParams) -> FinishResult: ...
+    def items_list(self, query: ItemsQuery) -> list[ItemRow]: ...
+    def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]: ...
+    def outlook(self, run_ids: Sequence[int]) -> Outlook: ...
+
+    def events_add(self, events: Sequence[NewEvent]) -> None: ...
+    def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]: ...

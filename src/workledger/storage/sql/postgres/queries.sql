@@ -1,0 +1,174 @@
+-- PostgreSQL queries. Every name here exists in ../sqlite/queries.sql too (tests check it).
+-- Parameters are psycopg named placeholders. Times are timestamptz from the database clock (now():
+-- the start of the transaction, and every port method is one short transaction). JSON arrives as
+-- text and is cast to jsonb here; id lists arrive as arrays.
+
+-- name: run_insert
+INSERT INTO wl_runs (job, idempotency_key, payload) VALUES (%(job)s, %(key)s, %(payload)s::jsonb)
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key
+SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
+
+-- name: run_get
+SELECT * FROM wl_runs WHERE id = %(run_id)s;
+
+-- name: runs_list
+SELECT * FROM wl_runs ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: run_mark_decomposed
+UPDATE wl_runs SET
+    decomposed_at = COALESCE(decomposed_at, now()),
+    error = NULL,
+    total = (SELECT count(*) FROM wl_items WHERE run_id = %(run_id)s AND stage = %(stage)s),
+    skipped = (SELECT count(*) FROM wl_items WHERE run_id = %(run_id)s AND state = 'skipped'),
+    completed_at = CASE
+        WHEN NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
+                         AND state NOT IN ('processed', 'failed', 'skipped'))
+        THEN COALESCE(completed_at, now()) END
+WHERE id = %(run_id)s
+RETURNING *;
+
+-- name: run_record_error
+UPDATE wl_runs SET error = %(error)s WHERE id = %(run_id)s;
+
+-- name: runs_claimable
+SELECT id, job FROM wl_runs
+WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
+  AND paused_at IS NULL AND cancelled_at IS NULL
+  AND job = ANY (%(jobs)s::text[])
+ORDER BY id;
+
+-- name: run_counts
+SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = %(run_id)s GROUP BY stage, state;
+
+-- name: run_add_units
+UPDATE wl_runs SET
+    processed = processed + %(processed)s,
+    failed = failed + %(failed)s,
+    skipped = skipped + %(skipped)s,
+    completed_at = CASE
+        WHEN completed_at IS NULL AND decomposed_at IS NOT NULL
+             AND processed + %(processed)s + failed + %(failed)s + skipped + %(skipped)s >= total
+        THEN now() ELSE completed_at END
+WHERE id = %(run_id)s;
+
+-- name: items_insert
+-- One statement per batch: the rows arrive as parallel arrays (seqs[i], keys[i], ...).
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
+SELECT %(run_id)s, %(stage)s, u.seq, u.key, u.data::jsonb, u.state, u.error
+FROM unnest(%(seqs)s::bigint[], %(keys)s::text[], %(datas)s::text[], %(states)s::text[],
+            %(errors)s::text[]) AS u (seq, key, data, state, error)
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: lease_token_next
+SELECT nextval('wl_lease_token_seq');
+
+-- name: items_claim
+-- One statement: one token for the whole claim (a volatile CTE is evaluated once), the chunk locked
+-- with SKIP LOCKED so concurrent claimers take disjoint rows, nothing claimed from a paused,
+-- cancelled or not yet decomposed run.
+WITH token AS (SELECT nextval('wl_lease_token_seq') AS value),
+picked AS (
+    SELECT i.id FROM wl_items AS i
+    WHERE i.run_id = %(run_id)s AND i.state = 'pending' AND i.id > %(after_id)s
+      AND (i.not_before IS NULL OR i.not_before <= now())
+      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
+                  AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+                  AND r.cancelled_at IS NULL)
+    ORDER BY i.id LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+UPDATE wl_items SET
+    state = 'claimed',
+    lease_token = token.value,
+    lease_until = now() + make_interval(secs => %(lease)s::float8),
+    updated_at = now()
+FROM picked, token
+WHERE wl_items.id = picked.id
+RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
+          wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
+
+-- name: items_mark_started
+UPDATE wl_items SET attempts = attempts + 1, updated_at = now()
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+RETURNING id;
+
+-- name: items_heartbeat
+UPDATE wl_items SET lease_until = now() + make_interval(secs => %(lease)s::float8)
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed';
+
+-- name: items_release
+UPDATE wl_items SET state = 'pending', lease_until = NULL, updated_at = now()
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed';
+
+-- name: items_finish_if_leased
+-- The fenced completion of a chunk: a row changes only while it is still claimed under the token
+-- the worker holds. The outcomes arrive as parallel arrays.
+UPDATE wl_items SET
+    state = f.state,
+    result = f.result::jsonb,
+    error = f.error,
+    attempts = wl_items.attempts + f.charge,
+    lease_until = NULL,
+    not_before = CASE WHEN f.delay IS NULL THEN NULL
+                 ELSE now() + make_interval(secs => f.delay) END,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[], %(results)s::text[],
+            %(errors)s::text[], %(delays)s::float8[], %(charges)s::int[])
+     AS f (id, token, state, result, error, delay, charge)
+WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
+RETURNING wl_items.id;
+
+-- name: items_handoff
+INSERT INTO wl_items (run_id, stage, seq, key, data)
+SELECT i.run_id, h.stage, i.seq, i.key, i.data
+FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
+JOIN wl_items AS i ON i.id = h.id
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: items_list
+SELECT * FROM wl_items
+WHERE run_id = %(run_id)s AND id > %(after_id)s
+  AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: leases_reclaim_expired
+WITH picked AS (
+    SELECT i.id FROM wl_items AS i
+    JOIN wl_runs AS r ON r.id = i.run_id
+    WHERE i.state = 'claimed' AND i.lease_until < now()
+      AND r.job = %(job)s AND i.stage = %(stage)s
+    LIMIT %(limit)s
+    FOR UPDATE OF i SKIP LOCKED)
+UPDATE wl_items SET
+    state = %(to_state)s,
+    error = %(reason)s,
+    lease_until = NULL,
+    updated_at = now()
+FROM picked
+WHERE wl_items.id = picked.id
+RETURNING wl_items.*;
+
+-- name: outlook
+SELECT
+    count(*) FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now())),
+    count(*) FILTER (WHERE state = 'pending' AND not_before > now()),
+    EXTRACT(EPOCH FROM min(not_before - now()) FILTER (WHERE state = 'pending'
+                                                       AND not_before > now())),
+    count(*) FILTER (WHERE state = 'claimed' AND lease_until >= now()),
+    EXTRACT(EPOCH FROM min(lease_until - now()) FILTER (WHERE state = 'claimed'
+                                                        AND lease_until >= now())),
+    count(*) FILTER (WHERE state = 'claimed' AND lease_until < now())
+FROM wl_items
+WHERE run_id = ANY (%(run_ids)s::bigint[]) AND state IN ('pending', 'claimed');
+
+-- name: events_add
+INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
+VALUES (%(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s, %(detail)s::jsonb);
+
+-- name: events_list
+SELECT * FROM wl_events
+WHERE run_id = %(run_id)s AND (%(item_id)s::bigint IS NULL OR item_id = %(item_id)s::bigint)
+ORDER BY id;

@@ -1,0 +1,158 @@
+-- SQLite queries. Every name here exists in ../postgres/queries.sql too (tests check it).
+-- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', computed by the database.
+
+-- name: run_insert
+INSERT INTO wl_runs (job, idempotency_key, payload) VALUES (:job, :key, :payload)
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key
+SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
+
+-- name: run_get
+SELECT * FROM wl_runs WHERE id = :run_id;
+
+-- name: runs_list
+SELECT * FROM wl_runs ORDER BY id DESC LIMIT :limit;
+
+-- name: run_mark_decomposed
+UPDATE wl_runs SET
+    decomposed_at = COALESCE(decomposed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    error = NULL,
+    total = (SELECT count(*) FROM wl_items WHERE run_id = :run_id AND stage = :stage),
+    skipped = (SELECT count(*) FROM wl_items WHERE run_id = :run_id AND state = 'skipped'),
+    completed_at = CASE
+        WHEN NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id
+                         AND state NOT IN ('processed', 'failed', 'skipped'))
+        THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
+WHERE id = :run_id
+RETURNING *;
+
+-- name: run_record_error
+UPDATE wl_runs SET error = :error WHERE id = :run_id;
+
+-- name: runs_claimable
+SELECT id, job FROM wl_runs
+WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
+  AND paused_at IS NULL AND cancelled_at IS NULL
+  AND job IN (SELECT value FROM json_each(:jobs))
+ORDER BY id;
+
+-- name: run_counts
+SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = :run_id
+GROUP BY stage, state ORDER BY min(id);
+
+-- name: run_add_units
+UPDATE wl_runs SET
+    processed = processed + :processed,
+    failed = failed + :failed,
+    skipped = skipped + :skipped,
+    completed_at = CASE
+        WHEN completed_at IS NULL AND decomposed_at IS NOT NULL
+             AND processed + :processed + failed + :failed + skipped + :skipped >= total
+        THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE completed_at END
+WHERE id = :run_id;
+
+-- name: items_insert
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
+VALUES (:run_id, :stage, :seq, :key, :data, :state, :error)
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: lease_token_next
+UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value;
+
+-- name: items_claim
+UPDATE wl_items SET
+    state = 'claimed',
+    lease_token = :token,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY wl_items_claimable
+    WHERE run_id = :run_id AND state = 'pending' AND id > :after_id
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    ORDER BY id LIMIT :limit)
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: items_mark_started
+UPDATE wl_items SET attempts = attempts + 1, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed'
+RETURNING id;
+
+-- name: items_heartbeat
+UPDATE wl_items SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease)
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed';
+
+-- name: items_release
+UPDATE wl_items SET state = 'pending', lease_until = NULL,
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed';
+
+-- name: items_finish_if_leased
+UPDATE wl_items SET
+    state = f.state,
+    result = f.result,
+    error = f.error,
+    attempts = wl_items.attempts + f.charge,
+    lease_until = NULL,
+    not_before = CASE WHEN f.delay IS NULL THEN NULL
+                 ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || f.delay || ' seconds') END,
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+             json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS result,
+             json_extract(value, '$[4]') AS error, json_extract(value, '$[5]') AS delay,
+             json_extract(value, '$[6]') AS charge
+      FROM json_each(:rows)) AS f
+WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
+RETURNING wl_items.id;
+
+-- name: items_handoff
+INSERT INTO wl_items (run_id, stage, seq, key, data)
+SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data
+FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
+WHERE true
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: items_list
+SELECT * FROM wl_items
+WHERE run_id = :run_id AND id > :after_id
+  AND (:stage IS NULL OR stage = :stage) AND (:state IS NULL OR state = :state)
+ORDER BY id LIMIT :limit;
+
+-- name: leases_reclaim_expired
+UPDATE wl_items SET
+    state = :to_state,
+    error = :reason,
+    lease_until = NULL,
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (
+    SELECT i.id FROM wl_items AS i INDEXED BY wl_items_leased
+    JOIN wl_runs AS r ON r.id = i.run_id
+    WHERE i.state = 'claimed' AND i.lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+      AND r.job = :job AND i.stage = :stage
+    LIMIT :limit)
+RETURNING *;
+
+-- name: outlook
+SELECT
+    sum(CASE WHEN state = 'pending' AND (not_before IS NULL OR not_before <= now.t) THEN 1 ELSE 0 END),
+    sum(CASE WHEN state = 'pending' AND not_before > now.t THEN 1 ELSE 0 END),
+    min(CASE WHEN state = 'pending' AND not_before > now.t
+        THEN (julianday(not_before) - julianday(now.t)) * 86400.0 END),
+    sum(CASE WHEN state = 'claimed' AND lease_until >= now.t THEN 1 ELSE 0 END),
+    min(CASE WHEN state = 'claimed' AND lease_until >= now.t
+        THEN (julianday(lease_until) - julianday(now.t)) * 86400.0 END),
+    sum(CASE WHEN state = 'claimed' AND lease_until < now.t THEN 1 ELSE 0 END)
+FROM wl_items, (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('pending', 'claimed');
+
+-- name: events_add
+INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
+VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+
+-- name: events_list
+SELECT * FROM wl_events
+WHERE run_id = :run_id AND (:item_id IS NULL OR item_id = :item_id)
+ORDER BY id;

@@ -1,0 +1,311 @@
+"""SQLite adapter: the embedded default. One writer at a time under ``BEGIN IMMEDIATE``.
+
+WAL mode with ``synchronous=FULL`` so no acknowledged commit is lost on power failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workledger.errors import DatabaseUnavailable, StorageError
+from workledger.storage import common
+from workledger.storage.port import (
+    ClaimedItem,
+    ClaimParams,
+    EventRow,
+    FinishParams,
+    FinishResult,
+    ItemRow,
+    ItemsInsert,
+    ItemsQuery,
+    LeaseParams,
+    NewEvent,
+    NewRun,
+    Outlook,
+    ReclaimParams,
+    RunRow,
+)
+from workledger.storage.queries import migrations, queries
+
+MIN_VERSION = (3, 35, 0)
+Q = queries("sqlite")
+
+
+def check_version(version: str = sqlite3.sqlite_version) -> None:
+    parts = tuple(int(p) for p in version.split(".")[:3])
+    if parts < MIN_VERSION:
+        raise DatabaseUnavailable(
+            f"SQLite {version} is too old: workledger needs 3.35 or newer (RETURNING, UPDATE FROM)"
+        )
+
+
+def _lease(seconds: float) -> str:
+    return f"+{float(seconds):.3f} seconds"
+
+
+class SqliteStore:
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, timeout: float = 60.0) -> None:
+        check_version()
+        self.path = path
+        if path != ":memory:":
+            parent = Path(path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise DatabaseUnavailable(f"cannot open SQLite database {path}: no folder {parent}")
+        try:
+            self._conn = sqlite3.connect(
+                path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+        except sqlite3.Error as exc:
+            raise DatabaseUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+        self._lock = threading.RLock()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken with the write lock up front (no upgrade deadlocks)."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StorageError(f"SQLite: cannot begin a transaction: {exc}") from exc
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StorageError(f"SQLite: {exc}") from exc
+                raise
+
+    def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params or {}).fetchall()
+            except sqlite3.Error as exc:
+                raise StorageError(f"SQLite: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._tx() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS wl_schema_version ("
+                " version INTEGER PRIMARY KEY,"
+                " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')))"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM wl_schema_version")}
+            for version, _name, sql in migrations("sqlite"):
+                if version in done:
+                    continue
+                for statement in common.split_statements(sql):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO wl_schema_version (version) VALUES (?)", (version,))
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        try:
+            rows = self._read("SELECT max(version) FROM wl_schema_version")
+        except StorageError:
+            return 0
+        return int(rows[0][0] or 0)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload}
+        with self._tx() as conn:
+            inserted = conn.execute(Q["run_insert"], params).fetchone()
+            row = conn.execute(Q["run_by_key"], params).fetchone()
+        if inserted is not None:
+            common.failpoint("submit.after_commit")
+        return _run(row), inserted is not None
+
+    def run_get(self, run_id: int) -> RunRow | None:
+        rows = self._read(Q["run_get"], {"run_id": run_id})
+        return _run(rows[0]) if rows else None
+
+    def runs_list(self, limit: int = 100) -> list[RunRow]:
+        return [_run(r) for r in self._read(Q["runs_list"], {"limit": limit})]
+
+    def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
+        common.failpoint("decompose.before_mark")
+        with self._tx() as conn:
+            row = conn.execute(Q["run_mark_decomposed"], {"run_id": run_id, "stage": first_stage})
+            fetched = row.fetchone()
+        return _run(fetched)
+
+    def run_record_error(self, run_id: int, error: str | None) -> None:
+        with self._tx() as conn:
+            conn.execute(Q["run_record_error"], {"run_id": run_id, "error": error})
+
+    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
+        rows = self._read(Q["runs_claimable"], {"jobs": json.dumps(list(jobs))})
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {}
+        for stage, state, n in self._read(Q["run_counts"], {"run_id": run_id}):
+            counts.setdefault(stage, {})[state] = int(n)
+        return counts
+
+    # -- items -----------------------------------------------------------------------------
+
+    def items_insert_many(self, params: ItemsInsert) -> int:
+        rows = [
+            {"run_id": params.run_id, "stage": params.stage, "seq": i.seq, "key": i.key,
+             "data": i.data, "state": i.state, "error": i.error}
+            for i in params.items
+        ]
+        with self._tx() as conn:
+            before = conn.total_changes
+            conn.executemany(Q["items_insert"], rows)
+            inserted = conn.total_changes - before
+        common.failpoint("decompose.after_batch")
+        return inserted
+
+    def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
+        with self._tx() as conn:
+            token = int(conn.execute(Q["lease_token_next"]).fetchone()[0])
+            rows = conn.execute(
+                Q["items_claim"],
+                {"token": token, "lease": _lease(params.lease_seconds), "run_id": params.run_id,
+                 "after_id": params.after_id, "limit": params.limit},
+            ).fetchall()
+            claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
+            if params.record_event and claimed:
+                conn.executemany(Q["events_add"], common.claim_events(claimed, params.actor))
+        common.failpoint("claim.after_commit")
+        return claimed
+
+    def items_mark_started(self, params: LeaseParams) -> list[int]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["items_mark_started"], {"ids": json.dumps(list(params.ids)),
+                                          "token": params.lease_token}
+            ).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+    def items_heartbeat(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(
+                Q["items_heartbeat"],
+                {"ids": json.dumps(list(params.ids)), "token": params.lease_token,
+                 "lease": _lease(params.lease_seconds)},
+            )
+            return int(cur.rowcount)
+
+    def items_release(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(
+                Q["items_release"], {"ids": json.dumps(list(params.ids)),
+                                     "token": params.lease_token}
+            )
+            return int(cur.rowcount)
+
+    def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
+        common.failpoint("complete.before_commit")
+        with self._tx() as conn:
+            rows = json.dumps(common.finish_rows(params.finishes))
+            applied = {int(r[0]) for r in conn.execute(Q["items_finish_if_leased"], {"rows": rows})}
+            plan = common.plan_after_finish(params, applied)
+            if plan.handoffs:
+                conn.execute(Q["items_handoff"], {"rows": json.dumps(plan.handoffs)})
+                common.failpoint("handoff.before_commit")
+            if any(plan.units.values()):
+                conn.execute(Q["run_add_units"], {"run_id": params.run_id, **plan.units})
+            if plan.events:
+                conn.executemany(Q["events_add"], [common.event_params(e) for e in plan.events])
+        common.failpoint("complete.after_commit")
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def items_list(self, query: ItemsQuery) -> list[ItemRow]:
+        rows = self._read(
+            Q["items_list"],
+            {"run_id": query.run_id, "stage": query.stage, "state": query.state,
+             "limit": query.limit, "after_id": query.after_id},
+        )
+        return [_item(r) for r in rows]
+
+    def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
+        common.failpoint("reclaim.before_commit")
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["leases_reclaim_expired"],
+                {"to_state": params.to_state, "reason": params.reason, "job": params.job,
+                 "stage": params.stage, "limit": params.limit},
+            ).fetchall()
+            items = sorted((_item(r) for r in rows), key=lambda i: i.id)
+            if items:
+                conn.executemany(
+                    Q["events_add"], [common.event_params(e) for e in common.reclaim_events(
+                        items, params)]
+                )
+        common.failpoint("reclaim.after_commit")
+        return items
+
+    def outlook(self, run_ids: Sequence[int]) -> Outlook:
+        row = self._read(Q["outlook"], {"run_ids": json.dumps(list(run_ids))})[0]
+        return common.outlook_from_row(tuple(row))
+
+    # -- events ----------------------------------------------------------------------------
+
+    def events_add(self, events: Sequence[NewEvent]) -> None:
+        with self._tx() as conn:
+            conn.executemany(Q["events_add"], [common.event_params(e) for e in events])
+
+    def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
+        rows = self._read(Q["events_list"], {"run_id": run_id, "item_id": item_id})
+        return [
+            EventRow(id=r["id"], run_id=r["run_id"], item_id=r["item_id"], at=r["at"],
+                     kind=r["kind"], lease_token=r["lease_token"], actor=r["actor"],
+                     detail=common.loads(r["detail"]))
+            for r in rows
+        ]
+
+
+def _run(r: sqlite3.Row) -> RunRow:
+    return RunRow(
+        id=r["id"], job=r["job"], idempotency_key=r["idempotency_key"],
+        payload=common.loads(r["payload"]), created_at=r["created_at"],
+        decomposed_at=r["decomposed_at"], completed_at=r["completed_at"],
+        paused_at=r["paused_at"], cancelled_at=r["cancelled_at"], error=r["error"],
+        total=r["total"], processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
+    )
+
+
+def _claimed(r: sqlite3.Row) -> ClaimedItem:
+    return ClaimedItem(
+        id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
+        data=common.loads(r["data"]), attempts=r["attempts"], lease_token=r["lease_token"],
+        error=r["error"],
+    )
+
+
+def _item(r: sqlite3.Row) -> ItemRow:
+    return ItemRow(
+        id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
+        data=common.loads(r["data"]), state=r["state"], attempts=r["attempts"],
+        lease_until=r["lease_until"], not_before=r["not_before"], lease_token=r["lease_token"],
+        result=common.loads(r["result"]), error=r["error"], created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
