@@ -15,11 +15,23 @@ from typing import Any
 
 from workledger.core.status import RunFacts, derive
 from workledger.errors import DecompositionFailed, PayloadMismatch, UnknownJob, UnknownRun
+from workledger.runtime import operations
+from workledger.runtime.audit import Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
+from workledger.runtime.reconcile import reconcile
+from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
 from workledger.storage import DEFAULT_URL, open_store
-from workledger.storage.port import EventRow, ItemRow, ItemsQuery, NewRun, RunRow, Store
+from workledger.storage.port import (
+    EventRow,
+    ItemRow,
+    ItemsQuery,
+    NewRun,
+    Reconciled,
+    RunRow,
+    Store,
+)
 
 
 @dataclass(frozen=True)
@@ -177,8 +189,65 @@ class Ledger:
             job.check_ready()
         options = WorkerOptions(concurrency=concurrency, chunk=chunk, lease=lease,
                                 until_idle=until_idle)
-        return Worker(self.store, chosen, options, rng=random.Random(self.rng.random()),
-                      on_progress=on_progress)
+        worker = Worker(self.store, chosen, options, rng=random.Random(self.rng.random()),
+                        on_progress=on_progress)
+        worker.sweeper = self.sweeper(actor=worker.worker_id, lease=lease, jobs=list(chosen))
+        return worker
+
+    # -- recovery and repair ---------------------------------------------------------------
+
+    def sweeper(
+        self, *, actor: str = "sweeper", grace: float = 30.0, lease: float = 30.0,
+        jobs: Sequence[str] | None = None,
+    ) -> Sweeper:
+        chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
+        return Sweeper(self.store, chosen, self.status, actor=actor, grace=grace, lease=lease,
+                       rng=random.Random(self.rng.random()))
+
+    def sweep(self, *, grace: float = 30.0) -> SweepReport:
+        """One sweeper pass: re-decompose, expired leases, verify, closing hooks."""
+        return self.sweeper(grace=grace).sweep()
+
+    def retry(self, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
+              note: str | None = None, actor: str = "operator") -> int:
+        """Redrive failed items (all, one stage's, or some seqs); returns how many moved."""
+        self._run(run_id)
+        return operations.retry(self.store, run_id, stage=stage, seqs=seqs, actor=actor,
+                                note=note)
+
+    def resolve(self, run_id: int, stage: str, seq: int, as_state: str, *,
+                note: str | None = None, actor: str = "operator") -> bool:
+        run = self._run(run_id)
+        return operations.resolve(self.store, self.jobs.get(run.job), run_id, stage, seq,
+                                  as_state, actor=actor, note=note)
+
+    def pause(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
+        self._run(run_id)
+        return operations.pause(self.store, run_id, actor=actor, note=note)
+
+    def resume(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
+        self._run(run_id)
+        return operations.resume(self.store, run_id, actor=actor, note=note)
+
+    def cancel(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> int:
+        self._run(run_id)
+        return operations.cancel(self.store, run_id, actor=actor, note=note)
+
+    def history(self, run_id: int, stage: str, seq: int) -> operations.History:
+        self._run(run_id)
+        return operations.history(self.store, run_id, stage, seq)
+
+    def reconcile(self, run_id: int, *, dry_run: bool = False,
+                  actor: str = "operator") -> Reconciled:
+        """Derive the run's counters from its items; without ``dry_run`` repair the stored ones."""
+        run = self._run(run_id)
+        job = self.jobs.get(run.job)
+        stages = [s.name for s in job.stages] if job else []
+        return reconcile(self.store, run_id, stages, dry_run=dry_run, actor=actor)
+
+    def audit(self, limit: int = 1000) -> list[Finding]:
+        """Every stranded run and item, with the path that will move it."""
+        return audit(self.store, self.jobs, limit)
 
     # -- reading ---------------------------------------------------------------------------
 

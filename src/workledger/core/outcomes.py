@@ -14,7 +14,6 @@ from typing import Any
 from workledger.core.retry import RetryPolicy, backoff_delay
 from workledger.core.states import ItemState, Transition
 
-
 # -- what user code raises or yields -------------------------------------------------------
 
 

@@ -13,6 +13,15 @@ from workledger.core.states import ItemState
 
 Counts = Mapping[str, Mapping[str, int]]  # stage -> state -> n
 
+# The closing hook is a ledger entry of its own, in this reserved stage; it is not a unit.
+CLOSE_STAGE = "@close"
+PERMANENT_DECOMPOSITION = "decomposition failed permanently"
+
+
+def work_counts(counts: Counts) -> dict[str, Mapping[str, int]]:
+    """The counts of the job's own stages, without the closing entry."""
+    return {stage: states for stage, states in counts.items() if stage != CLOSE_STAGE}
+
 
 @dataclass(frozen=True)
 class RunFacts:
@@ -74,19 +83,27 @@ def failures_allowed(total: int, tolerate: float | int) -> int:
     return int(tolerate)
 
 
-def derive(facts: RunFacts) -> Derived:
-    units = units_of(facts.stages, facts.counts)
+def settledness(stages: Sequence[str], counts: Counts, decomposed: bool) -> tuple[Units, int, bool]:
+    """Units, the number of items not yet terminal, and whether the run is complete."""
+    own = work_counts(counts)
+    units = units_of([s for s in stages if s != CLOSE_STAGE], own)
     unsettled = sum(
         n
-        for states in facts.counts.values()
+        for states in own.values()
         for state, n in states.items()
         if state not in ("processed", "failed", "skipped")
     )
-    unknown = sum(_n(facts.counts, s, ItemState.UNKNOWN) for s in facts.counts)
-    complete = facts.decomposed and unsettled == 0 and units.finished >= units.total
+    return units, unsettled, decomposed and unsettled == 0 and units.finished >= units.total
+
+
+def derive(facts: RunFacts) -> Derived:
+    units, unsettled, complete = settledness(facts.stages, facts.counts, facts.decomposed)
+    unknown = sum(_n(facts.counts, s, ItemState.UNKNOWN) for s in work_counts(facts.counts))
     if facts.cancelled:
         state = "cancelled"
         nxt = "nobody: cancelled" if unsettled == 0 else "workers"
+    elif not facts.decomposed and (facts.error or "").startswith(PERMANENT_DECOMPOSITION):
+        state, nxt = "failed", "operator: fix the decomposer, then resubmit under a new key"
     elif not facts.decomposed:
         state, nxt = "accepted", "sweeper"
     elif complete:

@@ -8,11 +8,13 @@ from itertools import islice
 from typing import Any
 
 from workledger.core.outcomes import Item, Skip
+from workledger.core.status import PERMANENT_DECOMPOSITION
 from workledger.errors import DecompositionFailed
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
 
 BATCH = 5000
+_BEYOND = 2**62
 
 
 def _key(key: Any) -> str | None:
@@ -29,7 +31,8 @@ def to_row(seq: int, unit: Any) -> NewItem:
     try:
         data = None if unit.data is None else json.dumps(unit.data, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return NewItem(seq, _key(unit.key), None, "skipped", f"data is not JSON-serialisable: {exc}")
+        reason = f"data is not JSON-serialisable: {exc}"
+        return NewItem(seq, _key(unit.key), None, "skipped", reason)
     return NewItem(seq, _key(unit.key), data)
 
 
@@ -39,18 +42,45 @@ def _rows(job: Job, payload: Any) -> Iterator[NewItem]:
         yield to_row(seq, unit)
 
 
-def decompose(store: Store, job: Job, run: RunRow, batch: int = BATCH) -> RunRow:
+class OutputChanged(Exception):
+    pass
+
+
+def _check_same(store: Store, run_id: int, stage: str, chunk: list[NewItem]) -> None:
+    """A repeated decomposition must yield the same (seq, key) list as the rows already kept."""
+    lo, hi = chunk[0].seq, chunk[-1].seq + 1
+    existing = store.items_keys(run_id, stage, lo, hi)
+    for row in chunk:
+        if row.seq in existing and existing[row.seq] != row.key:
+            raise OutputChanged(
+                f"seq {row.seq} was key {existing[row.seq]!r}, now {row.key!r}")
+
+
+def decompose(store: Store, job: Job, run: RunRow, batch: int = BATCH, *,
+              check_existing: bool = False) -> RunRow:
     """Write every item of ``run`` (existing rows are kept), then mark the run decomposed.
 
     Memory stays flat: rows are produced lazily and written ``batch`` at a time. If the
     decomposer raises, the error is recorded on the run, its rows so far are kept, the run
     stays ``accepted`` (nothing is claimable) and :class:`DecompositionFailed` is raised.
+    With ``check_existing`` (a re-decomposition), a decomposer whose output differs from the
+    rows already written marks the run failed permanently instead of adding wrong rows.
     """
     first = job.stages[0].name
     rows = _rows(job, run.payload)
+    count = 0
     try:
         while chunk := list(islice(rows, batch)):
+            if check_existing:
+                _check_same(store, run.id, first, chunk)
             store.items_insert_many(ItemsInsert(run.id, first, chunk))
+            count = chunk[-1].seq + 1
+        if check_existing and store.items_keys(run.id, first, count, _BEYOND):
+            raise OutputChanged(f"it now yields {count} units but more rows were kept")
+    except OutputChanged as exc:
+        message = f"{PERMANENT_DECOMPOSITION}: the decomposer's output changed: {exc}"
+        store.run_record_error(run.id, message)
+        raise DecompositionFailed(message, run.id) from exc
     except Exception as exc:
         message = f"decomposer raised {type(exc).__name__}: {exc}"
         store.run_record_error(run.id, message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from workledger.core.outcomes import (
     outcome_of_exception,
 )
 from workledger.core.states import ItemState
+from workledger.core.status import CLOSE_STAGE
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
@@ -47,12 +49,25 @@ class Context:
     lease_token: int
 
 
-def run_handler(job: Job, stage: Stage, item: ClaimedItem, attempt: int, worker_id: str) -> Outcome:
-    view = ItemView(item.id, item.run_id, item.stage, item.seq, item.key, item.data)
-    ctx = Context(item.run_id, job.name, item.stage, attempt,
-                  f"{item.run_id}/{item.stage}/{item.seq}", worker_id, item.lease_token)
+def context_for(job: Job, item: ClaimedItem | Any, attempt: int, worker_id: str) -> Context:
+    return Context(item.run_id, job.name, item.stage, attempt,
+                   f"{item.run_id}/{item.stage}/{item.seq}", worker_id, item.lease_token or 0)
+
+
+def view_of(item: ClaimedItem | Any) -> ItemView:
+    return ItemView(item.id, item.run_id, item.stage, item.seq, item.key, item.data)
+
+
+def run_handler(
+    job: Job, stage: Stage, item: ClaimedItem, attempt: int, worker_id: str,
+    call: Callable[[], Any] | None = None,
+) -> Outcome:
+    """Run ``stage``'s handler (or ``call``) and classify what happened as an outcome."""
     try:
-        value = stage.handler(view, ctx)
+        if call is not None:
+            value = call()
+        else:
+            value = stage.handler(view_of(item), context_for(job, item, attempt, worker_id))
     except Exception as exc:  # a handler's failure is data, never a worker crash
         return outcome_of_exception(exc)
     try:
@@ -68,7 +83,7 @@ def to_finish(
     stage = job.stage_named(item.stage)
     decision: Decision = decide(outcome, attempt, stage.policy, jitter)
     nxt = job.next_stage(item.stage) if decision.state is ItemState.PROCESSED else None
-    unit = {
+    unit = None if item.stage == CLOSE_STAGE else {
         ItemState.PROCESSED: None if nxt else "processed",
         ItemState.FAILED: "failed",
         ItemState.SKIPPED: "skipped",

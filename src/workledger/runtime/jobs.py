@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from workledger.core.outcomes import Item, Skip
 from workledger.core.retry import RetryPolicy
+from workledger.core.status import CLOSE_STAGE
 from workledger.errors import BadInput, UsageError
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class Job:
         self.full_history = full_history
         self.decomposer: Decomposer | None = None
         self.stages: list[Stage] = []
+        self.closing: Stage | None = None
+        self.on_complete_fn: Callable[[Any], Any] | None = None
 
     def decompose(self, fn: Decomposer) -> Decomposer:
         """Register the function that turns a payload into items (it may yield millions)."""
@@ -78,13 +81,33 @@ class Job:
 
         return register
 
+    def on_complete(
+        self, fn: Callable[[Any], Any] | None = None, *, max_attempts: int = 5,
+        base_delay: float = 1.0,
+    ) -> Any:
+        """Register the closing hook, called once with the run's ``RunStatus`` when every unit
+        is terminal. It is a ledger entry of its own: retried like an item when it raises, and
+        re-run if its process dies inside it, so it should be idempotent."""
+
+        def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            self.on_complete_fn = hook
+            policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
+            self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None)
+            return hook
+
+        return register(fn) if fn is not None else register
+
     def stage_named(self, name: str) -> Stage:
+        if name == CLOSE_STAGE and self.closing is not None:
+            return self.closing
         for s in self.stages:
             if s.name == name:
                 return s
         raise UsageError(f"job {self.name!r} has no stage {name!r}")
 
     def next_stage(self, name: str) -> str | None:
+        if name == CLOSE_STAGE:
+            return None
         names = [s.name for s in self.stages]
         i = names.index(name)
         return names[i + 1] if i + 1 < len(names) else None
@@ -98,6 +121,10 @@ class Job:
             raise UsageError(f"job {self.name!r} has no decomposer (@job.decompose)")
         if not self.stages:
             raise UsageError(f"job {self.name!r} has no stage (@job.stage)")
+
+
+def _unbound_closing(item: Any, ctx: Any) -> Any:
+    raise RuntimeError("the closing hook is run by the sweeper, not by a worker")
 
 
 def canonical_json(value: Any, what: str = "payload") -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from workledger.core.outcomes import Failed, Outcome
 from workledger.runtime.execute import LEASE_EXPIRED, run_handler, to_finish
 from workledger.runtime.jobs import Job
+from workledger.runtime.sweeper import Sweeper
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,
@@ -77,8 +78,10 @@ class Worker:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_progress: Callable[[WorkReport], None] | None = None,
+        sweeper: Sweeper | None = None,
     ) -> None:
         self.store = store
+        self.sweeper = sweeper
         self.jobs = dict(jobs)
         self.options = options or WorkerOptions()
         self.worker_id = worker_id or new_worker_id()
@@ -152,6 +155,9 @@ class Worker:
 
     def _idle_for_good(self) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
+        if self.sweeper is not None:
+            self._reclaimed_at = -1e9
+            self._maybe_reclaim()  # closing hooks and expired leases before deciding
         runs = self._active_runs(refresh=True)
         if not runs:
             return True
@@ -170,6 +176,10 @@ class Worker:
         if self.clock() - self._reclaimed_at < every:
             return
         self._reclaimed_at = self.clock()
+        if self.sweeper is not None:
+            swept = self.sweeper.sweep()
+            self.report.reclaimed += swept.to_pending + swept.to_unknown
+            return
         for job in self.jobs.values():
             for stage in job.stages:
                 if not stage.idempotent:

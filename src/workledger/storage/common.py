@@ -14,7 +14,11 @@ from workledger.storage.port import (
     ItemRow,
     NewEvent,
     Outlook,
+    Projection,
     ReclaimParams,
+    RunRow,
+    Settle,
+    SettleParams,
 )
 
 failpoint = failpoints.hit
@@ -45,6 +49,35 @@ class FinishPlan:
     handoffs: list[list[Any]] = field(default_factory=list)
     events: list[NewEvent] = field(default_factory=list)
     stale: list[int] = field(default_factory=list)
+
+
+def settle_rows(settles: Sequence[Settle]) -> list[list[Any]]:
+    return [[s.id, s.state, s.result, s.error, s.delay, s.reset_attempts] for s in settles]
+
+
+def plan_after_settle(params: SettleParams, applied: set[int]) -> FinishPlan:
+    """What else a state-guarded move writes: counters both ways, hand-offs, audit events."""
+    plan = FinishPlan()
+    for s in params.settles:
+        if s.id not in applied:
+            plan.stale.append(s.id)
+            continue
+        if s.unit:
+            plan.units[s.unit] += 1
+        if s.unit_removed:
+            plan.units[s.unit_removed] -= 1
+        if s.next_stage:
+            plan.handoffs.append([s.id, s.next_stage])
+        if s.event:
+            plan.events.append(NewEvent(run_id=params.run_id, item_id=s.id, kind=s.event,
+                                        lease_token=s.lease_token, actor=params.actor,
+                                        detail=s.detail))
+    return plan
+
+
+def run_event(run_id: int, kind: str, actor: str | None, **detail: Any) -> dict[str, Any]:
+    return event_params(NewEvent(run_id=run_id, kind=kind, actor=actor,
+                                 detail=json.dumps(detail) if detail else None))
 
 
 def plan_after_finish(params: FinishParams, applied: set[int]) -> FinishPlan:
@@ -89,6 +122,11 @@ def reclaim_events(items: Iterable[ItemRow], params: ReclaimParams) -> list[NewE
                                                         "to": params.to_state}))
         for i in items
     ]
+
+
+def projection_of(run: RunRow) -> Projection:
+    return Projection(total=run.total, processed=run.processed, failed=run.failed,
+                      skipped=run.skipped, complete=run.completed_at is not None)
 
 
 def outlook_from_row(row: tuple[Any, ...]) -> Outlook:

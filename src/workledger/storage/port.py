@@ -7,7 +7,7 @@ All times that matter for leases are computed by the database, never by a worker
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,6 +139,50 @@ class Outlook:
 
 
 @dataclass(frozen=True)
+class Settle:
+    """An operator's or the sweeper's move of one item, guarded by its current state."""
+
+    id: int
+    state: str
+    result: str | None = None
+    error: str | None = None
+    delay: float | None = None
+    reset_attempts: bool = False
+    unit: str | None = None  # unit counter this adds to
+    unit_removed: str | None = None  # unit counter this takes from (a redriven failure)
+    next_stage: str | None = None
+    event: str | None = None
+    detail: str | None = None
+    lease_token: int | None = None
+
+
+@dataclass(frozen=True)
+class SettleParams:
+    run_id: int
+    from_state: str  # the guard: only rows still in this state move
+    settles: Sequence[Settle]
+    actor: str = "operator"
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A run's counters, in units, and whether it is complete."""
+
+    total: int
+    processed: int
+    failed: int
+    skipped: int
+    complete: bool
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    stored: Projection
+    derived: Projection
+    repaired: bool
+
+
+@dataclass(frozen=True)
 class ItemRow:
     id: int
     run_id: int
@@ -164,6 +208,7 @@ class ItemsQuery:
     state: str | None = None
     limit: int = 1000
     after_id: int = 0
+    seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +262,20 @@ class Store(Protocol):
     def items_list(self, query: ItemsQuery) -> list[ItemRow]: ...
     def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]: ...
     def outlook(self, run_ids: Sequence[int]) -> Outlook: ...
+
+    def items_settle(self, params: SettleParams) -> FinishResult: ...
+    def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]: ...
+    def items_attention(self, states: Sequence[str], limit: int = 1000) -> list[ItemRow]: ...
+    def leases_expired(self, limit: int = 1000) -> list[ItemRow]: ...
+
+    def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]: ...
+    def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]: ...
+    def run_set_paused(self, run_id: int, paused: bool, actor: str, note: str | None) -> bool: ...
+    def run_cancel(self, run_id: int, actor: str, note: str | None) -> int: ...
+    def run_reconcile(
+        self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
+        repair: bool, actor: str,
+    ) -> Reconciled: ...
 
     def events_add(self, events: Sequence[NewEvent]) -> None: ...
     def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,11 @@ from workledger.storage.port import (
     NewEvent,
     NewRun,
     Outlook,
+    Projection,
     ReclaimParams,
+    Reconciled,
     RunRow,
+    SettleParams,
 )
 from workledger.storage.queries import migrations, queries
 
@@ -136,6 +139,9 @@ class SqliteStore:
         with self._tx() as conn:
             inserted = conn.execute(Q["run_insert"], params).fetchone()
             row = conn.execute(Q["run_by_key"], params).fetchone()
+            if inserted is not None:
+                conn.execute(Q["events_add"], common.run_event(row["id"], "submitted", None,
+                                                               key=new.idempotency_key))
         if inserted is not None:
             common.failpoint("submit.after_commit")
         return _run(row), inserted is not None
@@ -152,6 +158,8 @@ class SqliteStore:
         with self._tx() as conn:
             row = conn.execute(Q["run_mark_decomposed"], {"run_id": run_id, "stage": first_stage})
             fetched = row.fetchone()
+            conn.execute(Q["events_add"], common.run_event(run_id, "decomposed", None,
+                                                           total=fetched["total"]))
         return _run(fetched)
 
     def run_record_error(self, run_id: int, error: str | None) -> None:
@@ -229,12 +237,8 @@ class SqliteStore:
             applied = {int(r[0]) for r in conn.execute(Q["items_finish_if_leased"], {"rows": rows})}
             plan = common.plan_after_finish(params, applied)
             if plan.handoffs:
-                conn.execute(Q["items_handoff"], {"rows": json.dumps(plan.handoffs)})
                 common.failpoint("handoff.before_commit")
-            if any(plan.units.values()):
-                conn.execute(Q["run_add_units"], {"run_id": params.run_id, **plan.units})
-            if plan.events:
-                conn.executemany(Q["events_add"], [common.event_params(e) for e in plan.events])
+            self._write_plan(conn, params.run_id, plan)
         common.failpoint("complete.after_commit")
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
@@ -242,7 +246,7 @@ class SqliteStore:
         rows = self._read(
             Q["items_list"],
             {"run_id": query.run_id, "stage": query.stage, "state": query.state,
-             "limit": query.limit, "after_id": query.after_id},
+             "limit": query.limit, "after_id": query.after_id, "seq": query.seq},
         )
         return [_item(r) for r in rows]
 
@@ -262,6 +266,84 @@ class SqliteStore:
                 )
         common.failpoint("reclaim.after_commit")
         return items
+
+    def items_settle(self, params: SettleParams) -> FinishResult:
+        with self._tx() as conn:
+            rows = json.dumps(common.settle_rows(params.settles))
+            applied = {int(r[0]) for r in conn.execute(
+                Q["items_settle"], {"rows": rows, "from_state": params.from_state,
+                                    "run_id": params.run_id})}
+            plan = common.plan_after_settle(params, applied)
+            self._write_plan(conn, params.run_id, plan)
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def _write_plan(self, conn: sqlite3.Connection, run_id: int, plan: common.FinishPlan) -> None:
+        if plan.handoffs:
+            conn.execute(Q["items_handoff"], {"rows": json.dumps(plan.handoffs)})
+        if any(plan.units.values()):
+            conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units})
+        if plan.events:
+            conn.executemany(Q["events_add"], [common.event_params(e) for e in plan.events])
+
+    def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
+        rows = self._read(Q["items_keys"], {"run_id": run_id, "stage": stage, "lo": lo, "hi": hi})
+        return {int(r[0]): r[1] for r in rows}
+
+    def items_attention(self, states: Sequence[str], limit: int = 1000) -> list[ItemRow]:
+        rows = self._read(Q["items_attention"], {"states": json.dumps(list(states)),
+                                                 "limit": limit})
+        return [_item(r) for r in rows]
+
+    def leases_expired(self, limit: int = 1000) -> list[ItemRow]:
+        return [_item(r) for r in self._read(Q["leases_expired"], {"limit": limit})]
+
+    def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]:
+        rows = self._read(Q["runs_undecomposed"], {"grace": f"-{float(grace_seconds):.3f} seconds"})
+        return [_run(r) for r in rows]
+
+    def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]:
+        rows = self._read(Q["runs_to_close"], {"jobs": json.dumps(list(jobs)), "stage": stage})
+        return [int(r[0]) for r in rows]
+
+    def run_set_paused(self, run_id: int, paused: bool, actor: str, note: str | None) -> bool:
+        with self._tx() as conn:
+            done = conn.execute(Q["run_pause" if paused else "run_resume"],
+                                {"run_id": run_id}).fetchone()
+            if done is not None:
+                kind = "paused" if paused else "resumed"
+                conn.execute(Q["events_add"], common.run_event(run_id, kind, actor, note=note))
+        return done is not None
+
+    def run_cancel(self, run_id: int, actor: str, note: str | None) -> int:
+        with self._tx() as conn:
+            if conn.execute(Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
+                return -1
+            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+            conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
+                                              "skipped": n})
+            conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
+                                                           note=note, items=n))
+        return n
+
+    def run_reconcile(
+        self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
+        repair: bool, actor: str,
+    ) -> Reconciled:
+        # one transaction: the counters and the items are read at one moment, and a repair
+        # cannot interleave with a worker's completion (SQLite has one writer).
+        with self._tx() as conn:
+            run = _run(conn.execute(Q["run_lock"], {"run_id": run_id}).fetchone())
+            counts: dict[str, dict[str, int]] = {}
+            for stage, state, n in conn.execute(Q["run_counts"], {"run_id": run_id}):
+                counts.setdefault(stage, {})[state] = int(n)
+            derived = derive(run, counts)
+            stored = common.projection_of(run)
+            fix = repair and stored != derived
+            if fix:
+                conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
+                conn.execute(Q["events_add"], common.run_event(
+                    run_id, "reconciled", actor, stored=vars(stored), derived=vars(derived)))
+        return Reconciled(stored=stored, derived=derived, repaired=fix)
 
     def outlook(self, run_ids: Sequence[int]) -> Outlook:
         row = self._read(Q["outlook"], {"run_ids": json.dumps(list(run_ids))})[0]

@@ -48,9 +48,9 @@ UPDATE wl_runs SET
     failed = failed + :failed,
     skipped = skipped + :skipped,
     completed_at = CASE
-        WHEN completed_at IS NULL AND decomposed_at IS NOT NULL
+        WHEN decomposed_at IS NOT NULL
              AND processed + :processed + failed + :failed + skipped + :skipped >= total
-        THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE completed_at END
+        THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id;
 
 -- name: items_insert
@@ -119,6 +119,7 @@ ON CONFLICT (run_id, stage, seq) DO NOTHING;
 SELECT * FROM wl_items
 WHERE run_id = :run_id AND id > :after_id
   AND (:stage IS NULL OR stage = :stage) AND (:state IS NULL OR state = :state)
+  AND (:seq IS NULL OR seq = :seq)
 ORDER BY id LIMIT :limit;
 
 -- name: leases_reclaim_expired
@@ -156,3 +157,78 @@ VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
 SELECT * FROM wl_events
 WHERE run_id = :run_id AND (:item_id IS NULL OR item_id = :item_id)
 ORDER BY id;
+
+-- name: items_settle
+UPDATE wl_items SET
+    state = f.state,
+    result = COALESCE(f.result, wl_items.result),
+    error = f.error,
+    attempts = CASE WHEN f.reset THEN 0 ELSE wl_items.attempts END,
+    lease_until = NULL,
+    not_before = CASE WHEN f.delay IS NULL THEN NULL
+                 ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || f.delay || ' seconds') END,
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS state,
+             json_extract(value, '$[2]') AS result, json_extract(value, '$[3]') AS error,
+             json_extract(value, '$[4]') AS delay, json_extract(value, '$[5]') AS reset
+      FROM json_each(:rows)) AS f
+WHERE wl_items.id = f.id AND wl_items.state = :from_state AND wl_items.run_id = :run_id
+RETURNING wl_items.id;
+
+-- name: items_keys
+SELECT seq, key FROM wl_items
+WHERE run_id = :run_id AND stage = :stage AND seq >= :lo AND seq < :hi;
+
+-- name: items_attention
+SELECT * FROM wl_items INDEXED BY wl_items_attention
+WHERE state IN ('failed', 'unknown') AND state IN (SELECT value FROM json_each(:states))
+ORDER BY id LIMIT :limit;
+
+-- name: leases_expired
+SELECT * FROM wl_items INDEXED BY wl_items_leased
+WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+ORDER BY lease_until LIMIT :limit;
+
+-- name: runs_undecomposed
+SELECT * FROM wl_runs AS r
+WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
+      < strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
+ORDER BY id;
+
+-- name: runs_to_close
+SELECT r.id FROM wl_runs AS r
+WHERE r.completed_at IS NOT NULL AND r.cancelled_at IS NULL AND r.job IN (SELECT value FROM json_each(:jobs))
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = :stage
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
+
+-- name: run_pause
+UPDATE wl_runs SET paused_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id = :run_id AND paused_at IS NULL AND cancelled_at IS NULL
+RETURNING id;
+
+-- name: run_resume
+UPDATE wl_runs SET paused_at = NULL WHERE id = :run_id AND paused_at IS NOT NULL
+RETURNING id;
+
+-- name: run_cancel
+UPDATE wl_runs SET cancelled_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id = :run_id AND cancelled_at IS NULL
+RETURNING id;
+
+-- name: items_cancel_pending
+UPDATE wl_items SET state = 'skipped', error = 'cancelled',
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE run_id = :run_id AND state = 'pending'
+RETURNING id;
+
+-- name: run_lock
+SELECT * FROM wl_runs WHERE id = :run_id;
+
+-- name: run_set_projection
+UPDATE wl_runs SET total = :total, processed = :processed, failed = :failed,
+    skipped = :skipped,
+    completed_at = CASE WHEN :complete THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+                   END
+WHERE id = :run_id;

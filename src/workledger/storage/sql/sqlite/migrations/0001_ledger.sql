@@ -41,6 +41,8 @@ CREATE TABLE wl_items (
 -- so a claim stays O(chunk) however many rows have finished.
 CREATE INDEX wl_items_claimable ON wl_items (run_id, id) WHERE state = 'pending';
 CREATE INDEX wl_items_leased ON wl_items (lease_until) WHERE state = 'claimed';
+-- What needs a person (audit): failed and unknown items, without scanning finished rows.
+CREATE INDEX wl_items_attention ON wl_items (state, id) WHERE state IN ('failed', 'unknown');
 
 CREATE TABLE wl_events (
     id          INTEGER PRIMARY KEY,

@@ -1,0 +1,194 @@
+"""The sweeper: the named actor for every stranded state that no worker moves by itself.
+
+One pass (``workledger sweep``; every worker also runs it periodically) does four things, each
+safe when two sweepers race, because every write is guarded by the state it moves from:
+
+- re-decomposes runs accepted but never (or only partly) decomposed, from the retained payload;
+- handles expired leases by the stage's declaration (DESIGN invariant 5): idempotent -> pending,
+  ``verify`` hook -> ask it, otherwise -> ``unknown`` for a person to ``resolve``;
+- asks ``verify`` hooks about ``unknown`` items still awaiting them;
+- runs the closing hook of complete runs, once, as a ledger entry of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from workledger.core.outcomes import Outcome, Processed
+from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
+from workledger.errors import DecompositionFailed
+from workledger.runtime.decompose import decompose
+from workledger.runtime.execute import (
+    LEASE_EXPIRED,
+    context_for,
+    run_handler,
+    to_finish,
+    view_of,
+)
+from workledger.runtime.jobs import Job, Stage
+from workledger.storage.port import (
+    ClaimParams,
+    FinishParams,
+    ItemRow,
+    ItemsInsert,
+    NewItem,
+    ReclaimParams,
+    Settle,
+    SettleParams,
+    Store,
+)
+
+log = logging.getLogger("workledger.sweeper")
+
+AWAITING_VERIFY = f"{LEASE_EXPIRED}: awaiting verify"
+RECLAIMED = f"{LEASE_EXPIRED}: its holder stopped renewing the lease"
+OUTCOME_UNKNOWN = f"{LEASE_EXPIRED}: outcome unknown; a person must resolve it"
+
+
+@dataclass
+class SweepReport:
+    redecomposed: int = 0
+    decomposition_errors: int = 0
+    to_pending: int = 0
+    to_unknown: int = 0
+    verified: int = 0
+    closed: int = 0
+    closing_failed: int = 0
+
+
+class Sweeper:
+    def __init__(
+        self,
+        store: Store,
+        jobs: Mapping[str, Job],
+        status_of: Callable[[int], Any],
+        *,
+        actor: str = "sweeper",
+        grace: float = 30.0,
+        lease: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.jobs = dict(jobs)
+        self.status_of = status_of
+        self.actor = actor
+        self.grace = grace  # seconds without decomposition progress before re-decomposing
+        self.lease = lease
+        self.rng = rng or random.Random()
+
+    def sweep(self) -> SweepReport:
+        report = SweepReport()
+        self._redecompose(report)
+        self._expired_leases(report)
+        self._verify_unknown(report)
+        self._close_runs(report)
+        return report
+
+    # -- runs never decomposed ---------------------------------------------------------------
+
+    def _redecompose(self, report: SweepReport) -> None:
+        for run in self.store.runs_undecomposed(self.grace):
+            job = self.jobs.get(run.job)
+            if job is None or (run.error or "").startswith(PERMANENT_DECOMPOSITION):
+                continue
+            try:
+                decompose(self.store, job, run, check_existing=True)
+                report.redecomposed += 1
+            except DecompositionFailed as exc:
+                log.warning("run %s: %s", run.id, exc)
+                report.decomposition_errors += 1
+
+    # -- expired leases --------------------------------------------------------------------
+
+    def _expired_leases(self, report: SweepReport) -> None:
+        for job in self.jobs.values():
+            for stage in [*job.stages, *([job.closing] if job.closing else [])]:
+                if stage.idempotent:
+                    to, reason = "pending", RECLAIMED
+                elif stage.verify is not None:
+                    to, reason = "unknown", AWAITING_VERIFY
+                else:
+                    to, reason = "unknown", OUTCOME_UNKNOWN
+                rows = self.store.leases_reclaim_expired(ReclaimParams(
+                    job=job.name, stage=stage.name, to_state=to, reason=reason, actor=self.actor))
+                if to == "pending":
+                    report.to_pending += len(rows)
+                else:
+                    report.to_unknown += len(rows)
+
+    def _verify_unknown(self, report: SweepReport) -> None:
+        jobs_of: dict[int, str] = {}
+        for item in self.store.items_attention(["unknown"]):
+            if item.error != AWAITING_VERIFY:
+                continue
+            if item.run_id not in jobs_of:
+                run = self.store.run_get(item.run_id)
+                jobs_of[item.run_id] = run.job if run else ""
+            job = self.jobs.get(jobs_of[item.run_id])
+            if job is None:
+                continue
+            stage = job.stage_named(item.stage)
+            if stage.verify is not None:
+                self._ask(job, stage, item)
+                report.verified += 1
+
+    def _ask(self, job: Job, stage: Stage, item: ItemRow) -> None:
+        assert stage.verify is not None
+        try:
+            answer = stage.verify(view_of(item), context_for(job, item, item.attempts, self.actor))
+        except Exception as exc:  # a verify hook that fails tells us nothing
+            answer = "unknown", f"verify raised {type(exc).__name__}: {exc}"
+        self.store.items_settle(SettleParams(item.run_id, "unknown",
+                                             [verdict_settle(job, item, answer)], self.actor))
+
+    # -- closing hooks ---------------------------------------------------------------------
+
+    def _close_runs(self, report: SweepReport) -> None:
+        for job in self.jobs.values():
+            if job.closing is None:
+                continue
+            for run_id in self.store.runs_to_close([job.name], CLOSE_STAGE):
+                self.store.items_insert_many(ItemsInsert(run_id, CLOSE_STAGE,
+                                                         [NewItem(0, None, None)]))
+                if self._close(job, run_id):
+                    report.closed += 1
+                else:
+                    report.closing_failed += 1
+
+    def _close(self, job: Job, run_id: int) -> bool:
+        claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor))
+        item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
+        if item is None:
+            return False  # another sweeper holds it, or it waits for its retry time
+        hook = job.on_complete_fn
+        assert hook is not None
+        attempt = item.attempts + 1
+        outcome: Outcome = run_handler(job, job.stage_named(CLOSE_STAGE), item, attempt,
+                                       self.actor, call=lambda: hook(self.status_of(run_id)))
+        finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=1)
+        if finish.event is None:
+            finish = replace(finish, event="closed")
+        self.store.items_finish_if_leased(FinishParams(run_id, [finish], self.actor))
+        return isinstance(outcome, Processed)
+
+
+def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
+    """Turn a verify hook's answer into a state-guarded move out of ``unknown``."""
+    verdict, extra = (answer if isinstance(answer, tuple) else (answer, None))
+    detail = json.dumps({"verdict": str(verdict)})
+    if verdict == "done":
+        nxt = job.next_stage(item.stage)
+        result = None if extra is None else json.dumps(extra)
+        return Settle(item.id, "processed", result=result, unit=None if nxt else "processed",
+                      next_stage=nxt, event="verified", detail=detail)
+    if verdict == "not_done":
+        return Settle(item.id, "pending", error="verify: not done; will run again",
+                      event="verified", detail=detail)
+    evidence = extra if isinstance(extra, str) else f"verify answered {verdict!r}"
+    return Settle(item.id, "unknown", error=f"verify could not tell: {evidence}",
+                  event="unknown", detail=detail)
