@@ -124,10 +124,17 @@ class Ledger:
 
     # -- jobs and runs ---------------------------------------------------------------------
 
-    def job(self, name: str, *, tolerate: float | int = 0, full_history: bool = False) -> Job:
-        """Define (or fetch) the job called ``name``."""
+    def job(self, name: str, *, tolerate: float | int = 0, full_history: bool = False,
+            batch_size: int = 5000) -> Job:
+        """Define (or fetch) the job called ``name``.
+
+        ``tolerate``: failed units a run may have and still end ``completed_with_failures``
+        (a fraction below 1, or a count). ``full_history``: also record plain claims and
+        completions in ``wl_events``. ``batch_size``: item rows per decomposition transaction.
+        """
         if name not in self.jobs:
-            self.jobs[name] = Job(self, name, tolerate=tolerate, full_history=full_history)
+            self.jobs[name] = Job(self, name, tolerate=tolerate, full_history=full_history,
+                                  batch_size=batch_size)
         return self.jobs[name]
 
     def job_named(self, name: str) -> Job:

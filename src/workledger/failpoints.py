@@ -12,15 +12,18 @@ import threading
 import time
 
 POINTS = (
-    "submit.after_commit",
-    "decompose.after_batch",
-    "decompose.before_mark",
-    "claim.after_commit",
-    "complete.before_commit",
-    "handoff.before_commit",
-    "complete.after_commit",
-    "reclaim.before_commit",
-    "reclaim.after_commit",
+    "submit.after_commit",  # the run row is durable, nothing decomposed yet
+    "decompose.after_batch",  # a batch of item rows is durable, the run is not marked
+    "decompose.before_mark",  # every row is durable, the run is not marked decomposed
+    "decompose.after_mark",  # the run is marked decomposed, the submitter has not returned
+    "claim.after_commit",  # a chunk is claimed under a lease, no handler has run
+    "complete.before_commit",  # a chunk's outcomes are written, not committed
+    "handoff.before_commit",  # next-stage rows written with the outcomes, not committed
+    "complete.after_commit",  # a chunk's outcomes are committed
+    "reclaim.before_commit",  # expired leases moved, not committed
+    "reclaim.after_commit",  # expired leases moved and committed
+    "closing.after_hook",  # the closing hook ran, its completion is not recorded
+    "reconcile.before_commit",  # a repaired projection written, not committed
 )
 
 

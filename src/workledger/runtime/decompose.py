@@ -13,7 +13,6 @@ from workledger.errors import DecompositionFailed
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
 
-BATCH = 5000
 _BEYOND = 2**62
 
 
@@ -56,7 +55,7 @@ def _check_same(store: Store, run_id: int, stage: str, chunk: list[NewItem]) -> 
                 f"seq {row.seq} was key {existing[row.seq]!r}, now {row.key!r}")
 
 
-def decompose(store: Store, job: Job, run: RunRow, batch: int = BATCH, *,
+def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
               check_existing: bool = False) -> RunRow:
     """Write every item of ``run`` (existing rows are kept), then mark the run decomposed.
 
@@ -67,6 +66,7 @@ def decompose(store: Store, job: Job, run: RunRow, batch: int = BATCH, *,
     rows already written marks the run failed permanently instead of adding wrong rows.
     """
     first = job.stages[0].name
+    batch = batch or job.batch_size
     rows = _rows(job, run.payload)
     count = 0
     try:

@@ -39,7 +39,8 @@ class Job:
     """
 
     def __init__(
-        self, ledger: Ledger, name: str, *, tolerate: float | int = 0, full_history: bool = False
+        self, ledger: Ledger, name: str, *, tolerate: float | int = 0, full_history: bool = False,
+        batch_size: int = 5000,
     ) -> None:
         if not name or not isinstance(name, str):
             raise UsageError("a job needs a non-empty name")
@@ -47,6 +48,7 @@ class Job:
         self.name = name
         self.tolerate = tolerate
         self.full_history = full_history
+        self.batch_size = batch_size  # item rows written per decomposition transaction
         self.decomposer: Decomposer | None = None
         self.stages: list[Stage] = []
         self.closing: Stage | None = None

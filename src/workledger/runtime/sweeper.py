@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from workledger import failpoints
 from workledger.core.outcomes import Outcome, Processed
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.errors import DecompositionFailed
@@ -170,6 +171,7 @@ class Sweeper:
         attempt = item.attempts + 1
         outcome: Outcome = run_handler(job, job.stage_named(CLOSE_STAGE), item, attempt,
                                        self.actor, call=lambda: hook(self.status_of(run_id)))
+        failpoints.hit("closing.after_hook")
         finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=1)
         if finish.event is None:
             finish = replace(finish, event="closed")

@@ -160,6 +160,7 @@ class SqliteStore:
             fetched = row.fetchone()
             conn.execute(Q["events_add"], common.run_event(run_id, "decomposed", None,
                                                            total=fetched["total"]))
+        common.failpoint("decompose.after_mark")
         return _run(fetched)
 
     def run_record_error(self, run_id: int, error: str | None) -> None:
@@ -231,14 +232,14 @@ class SqliteStore:
             return int(cur.rowcount)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
-        common.failpoint("complete.before_commit")
         with self._tx() as conn:
             rows = json.dumps(common.finish_rows(params.finishes))
             applied = {int(r[0]) for r in conn.execute(Q["items_finish_if_leased"], {"rows": rows})}
             plan = common.plan_after_finish(params, applied)
+            self._write_plan(conn, params.run_id, plan)
+            common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
-            self._write_plan(conn, params.run_id, plan)
         common.failpoint("complete.after_commit")
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
@@ -251,7 +252,6 @@ class SqliteStore:
         return [_item(r) for r in rows]
 
     def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
-        common.failpoint("reclaim.before_commit")
         with self._tx() as conn:
             rows = conn.execute(
                 Q["leases_reclaim_expired"],
@@ -264,7 +264,9 @@ class SqliteStore:
                     Q["events_add"], [common.event_params(e) for e in common.reclaim_events(
                         items, params)]
                 )
-        common.failpoint("reclaim.after_commit")
+                common.failpoint("reclaim.before_commit")
+        if items:
+            common.failpoint("reclaim.after_commit")
         return items
 
     def items_settle(self, params: SettleParams) -> FinishResult:
@@ -343,6 +345,7 @@ class SqliteStore:
                 conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
                 conn.execute(Q["events_add"], common.run_event(
                     run_id, "reconciled", actor, stored=vars(stored), derived=vars(derived)))
+                common.failpoint("reconcile.before_commit")
         return Reconciled(stored=stored, derived=derived, repaired=fix)
 
     def outlook(self, run_ids: Sequence[int]) -> Outlook:
