@@ -219,6 +219,7 @@ class Worker:
     ) -> None:
         """An item whose previous holder vanished may be poison: charge its attempt before it
         starts, and run it alone, so a crash charges it and none of its siblings."""
+        batch.flush()  # a poison item must not take its siblings' finished results down with it
         policy = job.stage_named(item.stage).policy
         if item.attempts >= policy.max_attempts:
             reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"

@@ -1,0 +1,1 @@
+"""Concurrency tests: real worker processes, kills, stops and races (both backends)."""
