@@ -8,11 +8,12 @@ converts that into an :data:`Outcome` value and :func:`decide` turns it into a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workledger.core.retry import RetryPolicy, backoff_delay
 from workledger.core.states import ItemState, Transition
+from workledger.core.text import safe_text
 
 # -- what user code raises or yields -------------------------------------------------------
 
@@ -115,6 +116,13 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -
     >>> decide(RetryLater("boom"), 5, RetryPolicy(max_attempts=5), 0.5).state
     <ItemState.FAILED: 'failed'>
     """
+    decision = _decide(outcome, attempt, policy, jitter)
+    if decision.error is not None:
+        decision = replace(decision, error=safe_text(decision.error))
+    return decision
+
+
+def _decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -> Decision:
     match outcome:
         case Processed(result):
             return Decision(ItemState.PROCESSED, Transition.COMPLETE, result=result)

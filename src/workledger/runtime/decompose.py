@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
 from workledger.core.outcomes import Item, Skip
 from workledger.core.status import PERMANENT_DECOMPOSITION
+from workledger.core.text import Unstorable, json_text, safe_text
 from workledger.errors import DecompositionFailed
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
@@ -17,22 +17,24 @@ _BEYOND = 2**62
 
 
 def _key(key: Any) -> str | None:
-    return None if key is None else str(key)
+    return None if key is None else safe_text(str(key))
 
 
 def to_row(seq: int, unit: Any) -> NewItem:
     """One decomposer output as a row; anything unusable becomes a skipped row, never dropped."""
     if isinstance(unit, Skip):
-        return NewItem(seq, _key(unit.key), None, "skipped", unit.reason)
+        return NewItem(seq, _key(unit.key), None, "skipped", safe_text(unit.reason))
     if not isinstance(unit, Item):
         return NewItem(seq, None, None, "skipped",
                        f"decomposer yielded {type(unit).__name__}, not Item or Skip")
     try:
-        data = None if unit.data is None else json.dumps(unit.data, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        reason = f"data is not JSON-serialisable: {exc}"
-        return NewItem(seq, _key(unit.key), None, "skipped", reason)
-    return NewItem(seq, _key(unit.key), data)
+        data = None if unit.data is None else json_text(unit.data)
+    except Unstorable as exc:
+        return NewItem(seq, _key(unit.key), None, "skipped", f"data {exc}")
+    key = _key(unit.key)
+    if key is not None and key != str(unit.key):
+        return NewItem(seq, key, data, "skipped", "key contains a NUL or invalid character")
+    return NewItem(seq, key, data)
 
 
 def _rows(job: Job, payload: Any) -> Iterator[NewItem]:

@@ -17,6 +17,7 @@ from workledger.core.outcomes import (
 )
 from workledger.core.states import ItemState
 from workledger.core.status import CLOSE_STAGE
+from workledger.core.text import Unstorable, json_text
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
@@ -70,10 +71,12 @@ def run_handler(
             value = stage.handler(view_of(item), context_for(job, item, attempt, worker_id))
     except Exception as exc:  # a handler's failure is data, never a worker crash
         return outcome_of_exception(exc)
+    if value is None:
+        return Processed(None)
     try:
-        return Processed(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
+        return Processed(json_text(value))
+    except Unstorable as exc:
+        return Failed(f"handler returned a result that cannot be stored: it {exc}")
 
 
 def to_finish(

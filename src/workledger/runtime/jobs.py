@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from workledger.core.outcomes import Item, Skip
 from workledger.core.retry import RetryPolicy
 from workledger.core.status import CLOSE_STAGE
+from workledger.core.text import Unstorable, json_text
 from workledger.errors import BadInput, UsageError
 
 if TYPE_CHECKING:
@@ -130,11 +130,11 @@ def _unbound_closing(item: Any, ctx: Any) -> Any:
 
 
 def canonical_json(value: Any, what: str = "payload") -> str:
-    """JSON text with sorted keys, refusing NaN and non-JSON types with a clear message."""
+    """JSON text with sorted keys; NaN, NUL and non-JSON types are refused with a clear message."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise BadInput(f"{what} is not JSON-serialisable: {exc}") from exc
+        return json_text(value, sort_keys=True)
+    except Unstorable as exc:
+        raise BadInput(f"{what} {exc}") from exc
 
 
 def default_key(payload_json: str) -> str:

@@ -32,7 +32,7 @@ def loads(text: Any) -> Any:
 
 def split_statements(sql: str) -> list[str]:
     """Split a migration into statements (our migrations keep ';' out of literals)."""
-    lines = [ln for ln in sql.splitlines() if not ln.strip().startswith("--")]
+    lines = [ln.split("--", 1)[0] for ln in sql.splitlines()]  # no '--' inside our literals
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workledger.errors import DatabaseUnavailable, StorageError
+from workledger.errors import DatabaseUnavailable, StorageError, UnknownRun
 from workledger.storage import common
 from workledger.storage.port import (
     ClaimedItem,
@@ -158,6 +158,8 @@ class SqliteStore:
         with self._tx() as conn:
             row = conn.execute(Q["run_mark_decomposed"], {"run_id": run_id, "stage": first_stage})
             fetched = row.fetchone()
+            if fetched is None:
+                raise UnknownRun(f"no run {run_id}")
             conn.execute(Q["events_add"], common.run_event(run_id, "decomposed", None,
                                                            total=fetched["total"]))
         common.failpoint("decompose.after_mark")
@@ -282,8 +284,14 @@ class SqliteStore:
     def _write_plan(self, conn: sqlite3.Connection, run_id: int, plan: common.FinishPlan) -> None:
         if plan.handoffs:
             conn.execute(Q["items_handoff"], {"rows": json.dumps(plan.handoffs)})
-        if any(plan.units.values()):
-            conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units})
+        row = conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
+        if row is not None and row[0] is not None:
+            # the run was cancelled while this chunk ran: a retry or a hand-off must not
+            # leave a pending item behind in it
+            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+            if n:
+                conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
+                                                  "skipped": n}).fetchone()
         if plan.events:
             conn.executemany(Q["events_add"], [common.event_params(e) for e in plan.events])
 
@@ -322,7 +330,7 @@ class SqliteStore:
                 return -1
             n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
             conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
-                                              "skipped": n})
+                                              "skipped": n}).fetchone()
             conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                            note=note, items=n))
         return n
@@ -334,7 +342,10 @@ class SqliteStore:
         # one transaction: the counters and the items are read at one moment, and a repair
         # cannot interleave with a worker's completion (SQLite has one writer).
         with self._tx() as conn:
-            run = _run(conn.execute(Q["run_lock"], {"run_id": run_id}).fetchone())
+            locked = conn.execute(Q["run_lock"], {"run_id": run_id}).fetchone()
+            if locked is None:
+                raise UnknownRun(f"no run {run_id}")
+            run = _run(locked)
             counts: dict[str, dict[str, int]] = {}
             for stage, state, n in conn.execute(Q["run_counts"], {"run_id": run_id}):
                 counts.setdefault(stage, {})[state] = int(n)

@@ -41,7 +41,8 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY id;
 
 -- name: run_counts
-SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = %(run_id)s GROUP BY stage, state;
+SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = %(run_id)s
+GROUP BY stage, state ORDER BY min(id);
 
 -- name: run_add_units
 UPDATE wl_runs SET
@@ -49,17 +50,19 @@ UPDATE wl_runs SET
     failed = failed + %(failed)s,
     skipped = skipped + %(skipped)s,
     completed_at = CASE
-        WHEN completed_at IS NULL AND decomposed_at IS NOT NULL
+        WHEN decomposed_at IS NOT NULL
              AND processed + %(processed)s + failed + %(failed)s + skipped + %(skipped)s >= total
-        THEN now() ELSE completed_at END
-WHERE id = %(run_id)s;
+        THEN COALESCE(completed_at, now()) END
+WHERE id = %(run_id)s
+RETURNING cancelled_at;
 
 -- name: items_insert
--- One statement per batch: the rows arrive as parallel arrays (seqs[i], keys[i], ...).
+-- One statement per batch: the rows arrive as parallel arrays (seqs[i], keys[i], ...), sent in
+-- binary because dumping large arrays as text costs more than the insert itself.
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
 SELECT %(run_id)s, %(stage)s, u.seq, u.key, u.data::jsonb, u.state, u.error
-FROM unnest(%(seqs)s::bigint[], %(keys)s::text[], %(datas)s::text[], %(states)s::text[],
-            %(errors)s::text[]) AS u (seq, key, data, state, error)
+FROM unnest(%(seqs)b::bigint[], %(keys)b::text[], %(datas)b::text[], %(states)b::text[],
+            %(errors)b::text[]) AS u (seq, key, data, state, error)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: lease_token_next
@@ -114,8 +117,8 @@ UPDATE wl_items SET
     not_before = CASE WHEN f.delay IS NULL THEN NULL
                  ELSE now() + make_interval(secs => f.delay) END,
     updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[], %(results)s::text[],
-            %(errors)s::text[], %(delays)s::float8[], %(charges)s::int[])
+FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[], %(states)b::text[], %(results)b::text[],
+            %(errors)b::text[], %(delays)b::float8[], %(charges)b::int[])
      AS f (id, token, state, result, error, delay, charge)
 WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
 RETURNING wl_items.id;
@@ -132,6 +135,7 @@ SELECT * FROM wl_items
 WHERE run_id = %(run_id)s AND id > %(after_id)s
   AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(seq)s::bigint IS NULL OR seq = %(seq)s::bigint)
 ORDER BY id LIMIT %(limit)s;
 
 -- name: leases_reclaim_expired
@@ -152,17 +156,24 @@ WHERE wl_items.id = picked.id
 RETURNING wl_items.*;
 
 -- name: outlook
+-- Two branches so each can use its partial index instead of scanning every row of the table.
 SELECT
-    count(*) FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now())),
-    count(*) FILTER (WHERE state = 'pending' AND not_before > now()),
+    count(*) FILTER (WHERE state = 'pending' AND (not_before IS NULL OR not_before <= now()))
+        AS ready,
+    count(*) FILTER (WHERE state = 'pending' AND not_before > now()) AS waiting,
     EXTRACT(EPOCH FROM min(not_before - now()) FILTER (WHERE state = 'pending'
-                                                       AND not_before > now())),
-    count(*) FILTER (WHERE state = 'claimed' AND lease_until >= now()),
+                                                       AND not_before > now())) AS next_ready_in,
+    count(*) FILTER (WHERE state = 'claimed' AND lease_until >= now()) AS leased,
     EXTRACT(EPOCH FROM min(lease_until - now()) FILTER (WHERE state = 'claimed'
-                                                        AND lease_until >= now())),
-    count(*) FILTER (WHERE state = 'claimed' AND lease_until < now())
-FROM wl_items
-WHERE run_id = ANY (%(run_ids)s::bigint[]) AND state IN ('pending', 'claimed');
+                                                        AND lease_until >= now())) AS lease_ends_in,
+    count(*) FILTER (WHERE state = 'claimed' AND lease_until < now()) AS expired
+FROM (
+    SELECT state, not_before, lease_until FROM wl_items
+    WHERE run_id = ANY (%(run_ids)s::bigint[]) AND state = 'pending'
+    UNION ALL
+    SELECT state, not_before, lease_until FROM wl_items
+    WHERE run_id = ANY (%(run_ids)s::bigint[]) AND state = 'claimed'
+) AS open_items;
 
 -- name: events_add
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
@@ -172,3 +183,77 @@ VALUES (%(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s, %(detail)
 SELECT * FROM wl_events
 WHERE run_id = %(run_id)s AND (%(item_id)s::bigint IS NULL OR item_id = %(item_id)s::bigint)
 ORDER BY id;
+
+-- name: items_settle
+-- An operator's or the sweeper's move, guarded by the state the item is moved from.
+UPDATE wl_items SET
+    state = f.state,
+    result = COALESCE(f.result::jsonb, wl_items.result),
+    error = f.error,
+    attempts = CASE WHEN f.reset THEN 0 ELSE wl_items.attempts END,
+    lease_until = NULL,
+    not_before = CASE WHEN f.delay IS NULL THEN NULL
+                 ELSE now() + make_interval(secs => f.delay) END,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(results)s::text[], %(errors)s::text[],
+            %(delays)s::float8[], %(resets)s::boolean[])
+     AS f (id, state, result, error, delay, reset)
+WHERE wl_items.id = f.id AND wl_items.state = %(from_state)s AND wl_items.run_id = %(run_id)s
+RETURNING wl_items.id;
+
+-- name: items_keys
+SELECT seq, key FROM wl_items
+WHERE run_id = %(run_id)s AND stage = %(stage)s AND seq >= %(lo)s AND seq < %(hi)s;
+
+-- name: items_attention
+SELECT * FROM wl_items
+WHERE state IN ('failed', 'unknown') AND state = ANY (%(states)s::text[])
+ORDER BY id LIMIT %(limit)s;
+
+-- name: leases_expired
+SELECT * FROM wl_items
+WHERE state = 'claimed' AND lease_until < now()
+ORDER BY lease_until LIMIT %(limit)s;
+
+-- name: runs_undecomposed
+SELECT * FROM wl_runs AS r
+WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
+      < now() - make_interval(secs => %(grace)s::float8)
+ORDER BY id;
+
+-- name: runs_to_close
+SELECT r.id FROM wl_runs AS r
+WHERE r.completed_at IS NOT NULL AND r.cancelled_at IS NULL AND r.job = ANY (%(jobs)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = %(stage)s
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
+
+-- name: run_pause
+UPDATE wl_runs SET paused_at = now()
+WHERE id = %(run_id)s AND paused_at IS NULL AND cancelled_at IS NULL
+RETURNING id;
+
+-- name: run_resume
+UPDATE wl_runs SET paused_at = NULL WHERE id = %(run_id)s AND paused_at IS NOT NULL
+RETURNING id;
+
+-- name: run_cancel
+UPDATE wl_runs SET cancelled_at = now()
+WHERE id = %(run_id)s AND cancelled_at IS NULL
+RETURNING id;
+
+-- name: items_cancel_pending
+UPDATE wl_items SET state = 'skipped', error = 'cancelled', updated_at = now()
+WHERE run_id = %(run_id)s AND state = 'pending'
+RETURNING id;
+
+-- name: run_lock
+-- Reconcile holds the run row while it counts, so no completion's counter update lands in between.
+SELECT * FROM wl_runs WHERE id = %(run_id)s FOR UPDATE;
+
+-- name: run_set_projection
+UPDATE wl_runs SET total = %(total)s, processed = %(processed)s, failed = %(failed)s,
+    skipped = %(skipped)s,
+    completed_at = CASE WHEN %(complete)s::boolean THEN COALESCE(completed_at, now()) END
+WHERE id = %(run_id)s;

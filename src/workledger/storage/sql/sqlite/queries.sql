@@ -51,7 +51,8 @@ UPDATE wl_runs SET
         WHEN decomposed_at IS NOT NULL
              AND processed + :processed + failed + :failed + skipped + :skipped >= total
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
-WHERE id = :run_id;
+WHERE id = :run_id
+RETURNING cancelled_at;
 
 -- name: items_insert
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)

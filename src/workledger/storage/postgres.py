@@ -1,0 +1,482 @@
+"""PostgreSQL adapter: the scale-out engine. Many workers on many machines share one database.
+
+Concurrent claimers take disjoint chunks with ``FOR UPDATE SKIP LOCKED``; every lease time is the
+database's ``now()``. One connection per store, used under a lock; every port method is one
+transaction. A connection that was lost is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import DictRow, dict_row
+
+from workledger.errors import DatabaseUnavailable, StorageError, UnknownRun
+from workledger.storage import common
+from workledger.storage.port import (
+    ClaimedItem,
+    ClaimParams,
+    EventRow,
+    FinishParams,
+    FinishResult,
+    ItemRow,
+    ItemsInsert,
+    ItemsQuery,
+    LeaseParams,
+    NewEvent,
+    NewRun,
+    Outlook,
+    Projection,
+    ReclaimParams,
+    Reconciled,
+    RunRow,
+    SettleParams,
+)
+from workledger.storage.queries import migrations, queries
+
+Q = queries("postgres")
+CONNECT_TIMEOUT = 5
+# pg_advisory_xact_lock key that serialises concurrent migrate() calls ("wl" + "migr").
+MIGRATE_LOCK = 0x776C_6D69_6772
+
+Conn = psycopg.Connection[DictRow]
+_OUTLOOK = ("ready", "waiting", "next_ready_in", "leased", "lease_ends_in", "expired")
+
+
+class PostgresStore:
+    dialect = "postgres"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.RLock()
+        self._closed = False
+        self._conn: Conn = self._connect()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        try:
+            info = conninfo_to_dict(self.url)
+        except psycopg.Error:
+            return "(unparsable URL)"
+        host = str(info.get("host") or info.get("hostaddr") or "local socket")
+        return f"{host}:{info.get('port') or 5432}"
+
+    def _connect(self) -> Conn:
+        try:
+            given = conninfo_to_dict(self.url)
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(f"bad PostgreSQL URL: {_reason(exc)}") from exc
+        conninfo = self.url
+        if "connect_timeout" not in given:  # an unreachable server fails fast
+            conninfo = make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
+        try:
+            return psycopg.connect(conninfo, autocommit=False, row_factory=dict_row)
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {self._where()}: {_reason(exc, connecting=True)}"
+            ) from exc
+
+    def _live(self) -> Conn:
+        if self._closed:
+            raise StorageError("PostgreSQL: this store is closed")
+        if self._conn.closed:  # lost (server restart, killed session): start afresh
+            self._conn = self._connect()
+        return self._conn
+
+    def _wrap(self, exc: psycopg.Error) -> Exception:
+        if self._conn.broken or self._conn.closed:
+            return DatabaseUnavailable(
+                f"lost the connection to PostgreSQL at {self._where()}: {_reason(exc)}"
+            )
+        return StorageError(f"PostgreSQL: {_reason(exc)}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[Conn]:
+        """One transaction: committed when the block ends, rolled back when it raises."""
+        with self._lock:
+            conn = self._live()
+            try:
+                yield conn
+                conn.commit()
+            except BaseException as exc:
+                _rollback(conn)
+                if isinstance(exc, psycopg.Error):
+                    raise self._wrap(exc) from exc
+                raise
+
+    def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[DictRow]:
+        with self._tx() as conn:
+            return conn.execute(sql, params or {}).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._conn.close()
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._tx() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS wl_schema_version ("
+                " version integer PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r["version"] for r in conn.execute("SELECT version FROM wl_schema_version")}
+            for version, _name, sql in migrations("postgres"):
+                if version in done:
+                    continue
+                conn.execute(sql)  # no parameters: psycopg sends the whole file at once
+                conn.execute("INSERT INTO wl_schema_version (version) VALUES (%s)", (version,))
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        with self._tx() as conn:
+            found = conn.execute("SELECT to_regclass('wl_schema_version') IS NOT NULL AS ok")
+            if not _first(found.fetchall())["ok"]:
+                return 0
+            row = _first(conn.execute("SELECT max(version) AS v FROM wl_schema_version").fetchall())
+        return int(row["v"] or 0)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload}
+        with self._tx() as conn:
+            inserted = conn.execute(Q["run_insert"], params).fetchone()
+            row = _first(conn.execute(Q["run_by_key"], params).fetchall())
+            if inserted is not None:
+                conn.execute(Q["events_add"], common.run_event(row["id"], "submitted", None,
+                                                               key=new.idempotency_key))
+        if inserted is not None:
+            common.failpoint("submit.after_commit")
+        return _run(row), inserted is not None
+
+    def run_get(self, run_id: int) -> RunRow | None:
+        rows = self._read(Q["run_get"], {"run_id": run_id})
+        return _run(rows[0]) if rows else None
+
+    def runs_list(self, limit: int = 100) -> list[RunRow]:
+        return [_run(r) for r in self._read(Q["runs_list"], {"limit": limit})]
+
+    def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
+        common.failpoint("decompose.before_mark")
+        with self._tx() as conn:
+            row = conn.execute(Q["run_mark_decomposed"],
+                               {"run_id": run_id, "stage": first_stage}).fetchone()
+            if row is None:
+                raise UnknownRun(f"no run {run_id}")
+            conn.execute(Q["events_add"], common.run_event(run_id, "decomposed", None,
+                                                           total=row["total"]))
+        common.failpoint("decompose.after_mark")
+        return _run(row)
+
+    def run_record_error(self, run_id: int, error: str | None) -> None:
+        with self._tx() as conn:
+            conn.execute(Q["run_record_error"], {"run_id": run_id, "error": error})
+
+    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
+        rows = self._read(Q["runs_claimable"], {"jobs": list(jobs)})
+        return [(int(r["id"]), str(r["job"])) for r in rows]
+
+    def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
+        return _counts(self._read(Q["run_counts"], {"run_id": run_id}))
+
+    def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]:
+        rows = self._read(Q["runs_undecomposed"], {"grace": float(grace_seconds)})
+        return [_run(r) for r in rows]
+
+    def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]:
+        rows = self._read(Q["runs_to_close"], {"jobs": list(jobs), "stage": stage})
+        return [int(r["id"]) for r in rows]
+
+    def run_set_paused(self, run_id: int, paused: bool, actor: str, note: str | None) -> bool:
+        with self._tx() as conn:
+            done = conn.execute(Q["run_pause" if paused else "run_resume"],
+                                {"run_id": run_id}).fetchone()
+            if done is not None:
+                kind = "paused" if paused else "resumed"
+                conn.execute(Q["events_add"], common.run_event(run_id, kind, actor, note=note))
+        return done is not None
+
+    def run_cancel(self, run_id: int, actor: str, note: str | None) -> int:
+        with self._tx() as conn:
+            if conn.execute(Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
+                return -1
+            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+            conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
+                                              "skipped": n})
+            conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
+                                                           note=note, items=n))
+        return n
+
+    def run_reconcile(
+        self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
+        repair: bool, actor: str,
+    ) -> Reconciled:
+        # One transaction holding the run row (FOR UPDATE): every completion that moves a
+        # counter waits for it, so the counters and the items are compared at one moment.
+        with self._tx() as conn:
+            locked = conn.execute(Q["run_lock"], {"run_id": run_id}).fetchone()
+            if locked is None:
+                raise UnknownRun(f"no run {run_id}")
+            run = _run(locked)
+            derived = derive(run, _counts(conn.execute(Q["run_counts"], {"run_id": run_id})))
+            stored = common.projection_of(run)
+            fix = repair and stored != derived
+            if fix:
+                conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
+                conn.execute(Q["events_add"], common.run_event(
+                    run_id, "reconciled", actor, stored=vars(stored), derived=vars(derived)))
+                common.failpoint("reconcile.before_commit")
+        return Reconciled(stored=stored, derived=derived, repaired=fix)
+
+    # -- items -----------------------------------------------------------------------------
+
+    def items_insert_many(self, params: ItemsInsert) -> int:
+        items = params.items
+        columns = {
+            "run_id": params.run_id, "stage": params.stage,
+            "seqs": [i.seq for i in items], "keys": [i.key for i in items],
+            "datas": [i.data for i in items], "states": [i.state for i in items],
+            "errors": [i.error for i in items],
+        }
+        inserted = 0
+        if items:
+            with self._tx() as conn:
+                inserted = conn.execute(Q["items_insert"], columns).rowcount
+        common.failpoint("decompose.after_batch")
+        return inserted
+
+    def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["items_claim"],
+                {"lease": float(params.lease_seconds), "run_id": params.run_id,
+                 "after_id": params.after_id, "limit": params.limit},
+            ).fetchall()
+            claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
+            if params.record_event and claimed:
+                _many(conn, Q["events_add"], common.claim_events(claimed, params.actor))
+        common.failpoint("claim.after_commit")
+        return claimed
+
+    def items_mark_started(self, params: LeaseParams) -> list[int]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["items_mark_started"], {"ids": list(params.ids), "token": params.lease_token}
+            ).fetchall()
+        return sorted(int(r["id"]) for r in rows)
+
+    def items_heartbeat(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(
+                Q["items_heartbeat"],
+                {"ids": list(params.ids), "token": params.lease_token,
+                 "lease": float(params.lease_seconds)},
+            )
+            return int(cur.rowcount)
+
+    def items_release(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(
+                Q["items_release"], {"ids": list(params.ids), "token": params.lease_token}
+            )
+            return int(cur.rowcount)
+
+    def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
+        columns = _columns(common.finish_rows(params.finishes),
+                           ("ids", "tokens", "states", "results", "errors", "delays", "charges"))
+        with self._tx() as conn:
+            found = conn.execute(Q["items_finish_if_leased"], columns).fetchall()
+            applied = {int(r["id"]) for r in found}
+            plan = common.plan_after_finish(params, applied)
+            _write_plan(conn, params.run_id, plan)
+            common.failpoint("complete.before_commit")
+            if plan.handoffs:
+                common.failpoint("handoff.before_commit")
+        common.failpoint("complete.after_commit")
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def items_settle(self, params: SettleParams) -> FinishResult:
+        columns: dict[str, Any] = _columns(common.settle_rows(params.settles),
+                                           ("ids", "states", "results", "errors", "delays",
+                                            "resets"))
+        columns.update(from_state=params.from_state, run_id=params.run_id)
+        with self._tx() as conn:
+            found = conn.execute(Q["items_settle"], columns).fetchall()
+            applied = {int(r["id"]) for r in found}
+            plan = common.plan_after_settle(params, applied)
+            _write_plan(conn, params.run_id, plan)
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
+        rows = self._read(Q["items_keys"], {"run_id": run_id, "stage": stage, "lo": lo, "hi": hi})
+        return {int(r["seq"]): r["key"] for r in rows}
+
+    def items_attention(self, states: Sequence[str], limit: int = 1000) -> list[ItemRow]:
+        rows = self._read(Q["items_attention"], {"states": list(states), "limit": limit})
+        return [_item(r) for r in rows]
+
+    def leases_expired(self, limit: int = 1000) -> list[ItemRow]:
+        return [_item(r) for r in self._read(Q["leases_expired"], {"limit": limit})]
+
+    def items_list(self, query: ItemsQuery) -> list[ItemRow]:
+        rows = self._read(
+            Q["items_list"],
+            {"run_id": query.run_id, "stage": query.stage, "state": query.state,
+             "limit": query.limit, "after_id": query.after_id, "seq": query.seq},
+        )
+        return [_item(r) for r in rows]
+
+    def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["leases_reclaim_expired"],
+                {"to_state": params.to_state, "reason": params.reason, "job": params.job,
+                 "stage": params.stage, "limit": params.limit},
+            ).fetchall()
+            items = sorted((_item(r) for r in rows), key=lambda i: i.id)
+            if items:
+                _many(conn, Q["events_add"],
+                      [common.event_params(e) for e in common.reclaim_events(items, params)])
+                common.failpoint("reclaim.before_commit")
+        if items:
+            common.failpoint("reclaim.after_commit")
+        return items
+
+    def outlook(self, run_ids: Sequence[int]) -> Outlook:
+        row = _first(self._read(Q["outlook"], {"run_ids": list(run_ids)}))
+        return common.outlook_from_row(tuple(row[name] for name in _OUTLOOK))
+
+    # -- events ----------------------------------------------------------------------------
+
+    def events_add(self, events: Sequence[NewEvent]) -> None:
+        if not events:
+            return
+        with self._tx() as conn:
+            _many(conn, Q["events_add"], [common.event_params(e) for e in events])
+
+    def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
+        rows = self._read(Q["events_list"], {"run_id": run_id, "item_id": item_id})
+        return [
+            EventRow(id=r["id"], run_id=r["run_id"], item_id=r["item_id"], at=_ts_req(r["at"]),
+                     kind=r["kind"], lease_token=r["lease_token"], actor=r["actor"],
+                     detail=r["detail"])
+            for r in rows
+        ]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _reason(exc: BaseException, connecting: bool = False) -> str:
+    """The driver's message as one line: 'connection refused', 'database "x" does not exist'."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if connecting:  # 'connection failed: connection to server at "h", port 1 failed: <why>'
+        text = text.rsplit(" failed: ", 1)[-1]
+    for prefix in ("FATAL:", "ERROR:"):
+        text = text.removeprefix(prefix).strip()
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]  # 'Connection refused' -> 'connection refused'
+    return text
+
+
+def _rollback(conn: Conn) -> None:
+    if conn.closed:
+        return
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass  # the connection is gone; the server rolls the transaction back
+
+
+def _many(conn: Conn, sql: str, rows: Sequence[dict[str, Any]]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(sql, rows)
+
+
+def _first(rows: list[DictRow]) -> DictRow:
+    if not rows:
+        raise StorageError("PostgreSQL: the statement returned no row")
+    return rows[0]
+
+
+def _columns(rows: list[list[Any]], names: Sequence[str]) -> dict[str, list[Any]]:
+    """Rows (id first) to parallel arrays for ``unnest``, in id order so that two transactions
+    moving the same items lock them in the same order; delays as floats (one array type)."""
+    rows = sorted(rows, key=lambda row: int(row[0]))
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(names)}
+    columns["delays"] = [None if d is None else float(d) for d in columns["delays"]]
+    return columns
+
+
+def _write_plan(conn: Conn, run_id: int, plan: common.FinishPlan) -> None:
+    """What a finish or a settle writes besides the items: hand-offs, counters, history."""
+    if plan.handoffs:
+        conn.execute(Q["items_handoff"], {"ids": [h[0] for h in plan.handoffs],
+                                          "stages": [h[1] for h in plan.handoffs]})
+    row = conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
+    if row is not None and row["cancelled_at"] is not None:
+        # the run was cancelled while this chunk ran: a retry or a hand-off must not leave a
+        # pending item behind in it
+        n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+        if n:
+            conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
+                                              "skipped": n})
+    if plan.events:
+        _many(conn, Q["events_add"], [common.event_params(e) for e in plan.events])
+
+
+def _counts(rows: Iterable[DictRow]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for r in rows:
+        counts.setdefault(r["stage"], {})[r["state"]] = int(r["n"])
+    return counts
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else _ts_req(value)
+
+
+def _ts_req(value: datetime) -> str:
+    """UTC, fixed width, so the strings sort like the times they name."""
+    return value.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")
+
+
+def _run(r: DictRow) -> RunRow:
+    return RunRow(
+        id=r["id"], job=r["job"], idempotency_key=r["idempotency_key"], payload=r["payload"],
+        created_at=_ts_req(r["created_at"]), decomposed_at=_ts(r["decomposed_at"]),
+        completed_at=_ts(r["completed_at"]), paused_at=_ts(r["paused_at"]),
+        cancelled_at=_ts(r["cancelled_at"]), error=r["error"], total=r["total"],
+        processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
+    )
+
+
+def _claimed(r: DictRow) -> ClaimedItem:
+    return ClaimedItem(
+        id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
+        data=r["data"], attempts=r["attempts"], lease_token=r["lease_token"], error=r["error"],
+    )
+
+
+def _item(r: DictRow) -> ItemRow:
+    return ItemRow(
+        id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
+        data=r["data"], state=r["state"], attempts=r["attempts"],
+        lease_until=_ts(r["lease_until"]), not_before=_ts(r["not_before"]),
+        lease_token=r["lease_token"], result=r["result"], error=r["error"],
+        created_at=_ts_req(r["created_at"]), updated_at=_ts_req(r["updated_at"]),
+    )
