@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .crash_app import UNITS, build
 from workledger.failpoints import POINTS
+
+from .crash_app import UNITS, build
 
 pytestmark = pytest.mark.concurrency
 
