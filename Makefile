@@ -1,0 +1,29 @@
+# The two commands of the README's quick start. Both create .venv on first use.
+#   make demo   install workledger and run the event fan-out demo on ./workledger.db
+#   make test   install the test extras and run the whole suite, then ruff and mypy
+#               (two pytest workers; `make test PYTEST_ARGS=` runs it in one process)
+#   make docs   regenerate docs/cli.md from the click commands (tests/test_docs.py checks it)
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?= -n 2
+
+.PHONY: demo test docs
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+demo: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/workledger demo events
+
+test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+docs: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python -c 'from workledger.cli import reference; print(reference(), end="")' > docs/cli.md

@@ -1,0 +1,62 @@
+"""A small app for the CLI tests: ``--app sample_app:ledger`` with ``tests/apps`` on the path.
+
+``numbers``: payload ``{"n": N, "skip": [...], "fail": [...], "sleep": seconds}`` becomes N items;
+those in ``skip`` are skipped at decomposition, those in ``fail`` fail permanently, the rest
+are doubled. ``explodes``: yields ``good`` items, then its decomposer raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from workledger import Context, Item, ItemView, Ledger, Permanent, Skip
+
+ledger = Ledger()
+
+numbers = ledger.job("numbers")
+
+
+@numbers.decompose
+def split(payload: dict[str, Any]) -> Iterator[Item | Skip]:
+    for i in range(payload.get("n", 10)):
+        if i in payload.get("skip", []):
+            yield Skip(key=f"n{i}", reason="unwanted number")
+        else:
+            yield Item(key=f"n{i}", data={"i": i, "sleep": payload.get("sleep", 0),
+                                          "fail": i in payload.get("fail", [])})
+
+
+@numbers.stage("double", idempotent=True)
+def double(item: ItemView, ctx: Context) -> dict[str, int]:
+    if item.data["sleep"]:
+        time.sleep(item.data["sleep"])
+    if item.data["fail"]:
+        raise Permanent("odd one out")
+    return {"double": item.data["i"] * 2}
+
+
+explodes = ledger.job("explodes")
+
+
+@explodes.decompose
+def split_then_raise(payload: dict[str, Any]) -> Iterator[Item]:
+    for i in range(payload.get("good", 3)):
+        yield Item(key=f"g{i}")
+    raise ValueError(f"event {payload.get('good', 3)} is malformed")
+
+
+@explodes.stage("work", idempotent=True)
+def work(item: ItemView, ctx: Context) -> None:
+    return None
+
+
+class ExplodingLedger(Ledger):
+    """A ledger whose listing has a bug: the CLI must still print one line, no traceback."""
+
+    def runs(self, limit: int = 100) -> Any:
+        raise RuntimeError("a bug in the app")
+
+
+exploding = ExplodingLedger()
