@@ -18,6 +18,8 @@ import pytest
 from workledger import Item, Ledger, Permanent, Retry, Skip
 from workledger.cli import cli, reference
 
+pytestmark = pytest.mark.docs
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 CLI_MD = ROOT / "docs" / "cli.md"

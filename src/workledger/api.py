@@ -14,7 +14,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workledger.core.status import RunFacts, derive
-from workledger.errors import DecompositionFailed, PayloadMismatch, UnknownJob, UnknownRun
+from workledger.errors import (
+    DecompositionFailed,
+    PayloadMismatch,
+    UnknownJob,
+    UnknownRun,
+    UsageError,
+)
 from workledger.runtime import operations
 from workledger.runtime.audit import Finding, audit
 from workledger.runtime.decompose import decompose
@@ -22,7 +28,7 @@ from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.reconcile import reconcile
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
-from workledger.storage import DEFAULT_URL, open_store
+from workledger.storage import DEFAULT_URL, display_url, open_store
 from workledger.storage.port import (
     EventRow,
     ItemRow,
@@ -225,7 +231,11 @@ class Ledger:
     def resolve(self, run_id: int, stage: str, seq: int, as_state: str, *,
                 note: str | None = None, actor: str = "operator") -> bool:
         run = self._run(run_id)
-        return operations.resolve(self.store, self.jobs.get(run.job), run_id, stage, seq,
+        job = self.jobs.get(run.job)
+        if job is None and as_state == "processed":
+            raise UsageError(f"resolving as processed needs job {run.job!r}'s definition (its "
+                             "next stage): pass --app module:attribute")
+        return operations.resolve(self.store, job, run_id, stage, seq,
                                   as_state, actor=actor, note=note)
 
     def pause(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
@@ -261,7 +271,7 @@ class Ledger:
     def _run(self, run_id: int) -> RunRow:
         run = self.store.run_get(run_id)
         if run is None:
-            raise UnknownRun(f"no run {run_id} in {self.url}")
+            raise UnknownRun(f"no run {run_id} in {display_url(self.url)}")
         return run
 
     def status(self, run_id: int) -> RunStatus:

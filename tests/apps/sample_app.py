@@ -60,3 +60,17 @@ class ExplodingLedger(Ledger):
 
 
 exploding = ExplodingLedger()
+
+
+sends = ledger.job("sends")
+
+
+@sends.decompose
+def split_sends(payload: dict[str, Any]) -> Iterator[Item]:
+    for i in range(payload.get("n", 3)):
+        yield Item(key=f"s{i}")
+
+
+@sends.stage("send")  # not idempotent, no verify hook: a lost lease means "unknown"
+def send(item: ItemView, ctx: Context) -> dict[str, str]:
+    return {"sent": ctx.idempotency_key}

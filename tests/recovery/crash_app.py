@@ -60,6 +60,9 @@ def main() -> None:
     elif cmd == "recover":
         ledger.sweeper(grace=0.0, lease=1.0).sweep()
         ledger.work(concurrency=2, chunk=7, lease=1.0, until_idle=True)
+    elif cmd == "reconcile":
+        for run in ledger.runs():
+            ledger.reconcile(run.run_id)
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -37,7 +37,7 @@ CASES = {
 
 
 def test_every_failpoint_has_a_crash_case() -> None:
-    assert set(CASES) | {"reconcile.before_commit"} == set(POINTS)
+    assert set(CASES) | {"reconcile.before_commit"} == set(POINTS)  # that one: below
 
 
 def _run(url: str, sink: str, cmd: str, failpoints: str | None) -> int:
@@ -83,4 +83,23 @@ def _check_oracle(url: str, sink: str) -> None:
     assert check.stored == check.derived
     # V: nothing needs a person
     assert [f for f in ledger.audit() if f.needs_person] == []
+    ledger.close()
+
+
+def test_crash_inside_reconcile_leaves_the_old_counters_then_a_rerun_repairs(
+    db_url: str, tmp_path: Path
+) -> None:
+    from workledger.storage.port import Projection
+
+    sink = str(tmp_path / "sink.db")
+    assert _run(db_url, sink, "run", None) == 0
+    ledger = build(db_url, sink)
+    (run,) = ledger.runs()
+    wrong = Projection(total=99, processed=1, failed=0, skipped=0, complete=False)
+    ledger.store.run_reconcile(run.run_id, lambda r, c: wrong, True, "test")
+    assert _run(db_url, sink, "reconcile", "reconcile.before_commit:1:exit") == 137
+    stored = ledger.reconcile(run.run_id, dry_run=True).stored
+    assert stored == wrong  # rolled back whole: nothing half-written
+    assert _run(db_url, sink, "reconcile", None) == 0
+    _check_oracle(db_url, sink)
     ledger.close()

@@ -38,7 +38,7 @@ def test_decomposer_raising_part_way_keeps_rows_and_dispatches_nothing(db_url: s
     (run,) = ledger.runs()
     assert (run.state, run.next) == ("accepted", "sweeper")
     assert "upstream hiccup" in (run.error or "")
-    assert sum(run.counts["apply"].values()) == 10  # two batches of five were kept
+    assert sum(run.counts["apply"].values()) == 12  # every row it yielded before raising
     assert ledger.work(concurrency=1, until_idle=True).claimed == 0
     again = ledger.job_named("flaky").submit({"n": 20}, key="d1")
     assert (again.created, again.state) == (False, "accepted")
@@ -72,6 +72,6 @@ def test_changed_decomposer_output_is_detected_not_mixed(db_url: str) -> None:
     (run,) = ledger.runs()
     assert run.state == "failed"
     assert "output changed" in (run.error or "") and "seq 0" in (run.error or "")
-    assert sum(run.counts["apply"].values()) == 5  # nothing added on top of the kept rows
+    assert sum(run.counts["apply"].values()) == 7  # nothing added on top of the kept rows
     finding = [f for f in ledger.audit() if f.kind == "not_decomposed"]
     assert finding and finding[0].needs_person

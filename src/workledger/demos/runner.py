@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.table import Table
 
 from workledger.api import Ledger, RunStatus
-from workledger.cli import display_url, watch_run
+from workledger.cli import watch_run
 from workledger.demos import events as app
 from workledger.errors import AppError
+from workledger.storage import display_url
 
 APP = "workledger.demos.events:ledger"
 STARTUP_DEADLINE = 120.0  # seconds a worker may take to reach the kill point

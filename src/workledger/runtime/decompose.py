@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 from typing import Any
 
 from workledger.core.outcomes import Item, Skip
@@ -57,34 +56,60 @@ def _check_same(store: Store, run_id: int, stage: str, chunk: list[NewItem]) -> 
                 f"seq {row.seq} was key {existing[row.seq]!r}, now {row.key!r}")
 
 
+def _pull(rows: Iterator[NewItem], batch: int) -> tuple[list[NewItem], Exception | None]:
+    """Up to ``batch`` rows, and the decomposer's exception if it raised while producing them."""
+    chunk: list[NewItem] = []
+    try:
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= batch:
+                break
+    except Exception as exc:  # the user's decomposer failed: keep what it yielded so far
+        return chunk, exc
+    return chunk, None
+
+
 def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
               check_existing: bool = False) -> RunRow:
     """Write every item of ``run`` (existing rows are kept), then mark the run decomposed.
 
     Memory stays flat: rows are produced lazily and written ``batch`` at a time. If the
-    decomposer raises, the error is recorded on the run, its rows so far are kept, the run
-    stays ``accepted`` (nothing is claimable) and :class:`DecompositionFailed` is raised.
-    With ``check_existing`` (a re-decomposition), a decomposer whose output differs from the
-    rows already written marks the run failed permanently instead of adding wrong rows.
+    decomposer raises, the rows it yielded so far are written, the error is recorded on the
+    run, the run stays ``accepted`` (nothing is claimable) and :class:`DecompositionFailed` is
+    raised. With ``check_existing`` (a re-decomposition), a decomposer whose output differs
+    from the rows already written marks the run failed permanently instead of adding rows.
+    Storage errors propagate unchanged: they are not the decomposer's fault.
     """
     first = job.stages[0].name
-    batch = batch or job.batch_size
+    size = batch or job.batch_size
     rows = _rows(job, run.payload)
     count = 0
-    try:
-        while chunk := list(islice(rows, batch)):
-            if check_existing:
-                _check_same(store, run.id, first, chunk)
-            store.items_insert_many(ItemsInsert(run.id, first, chunk))
+    while True:
+        chunk, error = _pull(rows, size)
+        if chunk:
+            _write(store, run, first, chunk, check_existing)
             count = chunk[-1].seq + 1
-        if check_existing and store.items_keys(run.id, first, count, _BEYOND):
-            raise OutputChanged(f"it now yields {count} units but more rows were kept")
-    except OutputChanged as exc:
-        message = f"{PERMANENT_DECOMPOSITION}: the decomposer's output changed: {exc}"
-        store.run_record_error(run.id, message)
-        raise DecompositionFailed(message, run.id) from exc
-    except Exception as exc:
-        message = f"decomposer raised {type(exc).__name__}: {exc}"
-        store.run_record_error(run.id, message)
-        raise DecompositionFailed(message, run.id) from exc
+        if error is not None:
+            message = f"decomposer raised {type(error).__name__}: {error}"
+            store.run_record_error(run.id, safe_text(message))
+            raise DecompositionFailed(message, run.id) from error
+        if len(chunk) < size:
+            break
+    if check_existing and store.items_keys(run.id, first, count, _BEYOND):
+        _changed(store, run, f"it now yields {count} units but more rows were kept")
     return store.run_mark_decomposed(run.id, first)
+
+
+def _write(store: Store, run: RunRow, stage: str, chunk: list[NewItem], check: bool) -> None:
+    if check:
+        try:
+            _check_same(store, run.id, stage, chunk)
+        except OutputChanged as exc:
+            _changed(store, run, str(exc))
+    store.items_insert_many(ItemsInsert(run.id, stage, chunk))
+
+
+def _changed(store: Store, run: RunRow, why: str) -> None:
+    message = f"{PERMANENT_DECOMPOSITION}: the decomposer's output changed: {why}"
+    store.run_record_error(run.id, safe_text(message))
+    raise DecompositionFailed(message, run.id)

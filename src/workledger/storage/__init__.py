@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from workledger.errors import BadInput
 from workledger.storage.port import Store
@@ -27,3 +27,12 @@ def open_store(url: str) -> Store:
     raise BadInput(
         f"unknown database URL {url!r}: expected sqlite:///PATH or postgresql://USER@HOST/DB"
     )
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -372,19 +372,30 @@ class SqliteStore:
     def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
         rows = self._read(Q["events_list"], {"run_id": run_id, "item_id": item_id})
         return [
-            EventRow(id=r["id"], run_id=r["run_id"], item_id=r["item_id"], at=r["at"],
+            EventRow(id=r["id"], run_id=r["run_id"], item_id=r["item_id"], at=_ts_req(r["at"]),
                      kind=r["kind"], lease_token=r["lease_token"], actor=r["actor"],
                      detail=common.loads(r["detail"]))
             for r in rows
         ]
 
 
+def _ts(value: str | None) -> str | None:
+    """SQLite keeps UTC text to the millisecond; show it like PostgreSQL's timestamptz."""
+    if value is None or len(value) != 23:
+        return value
+    return value + "000+00:00"
+
+
+def _ts_req(value: str) -> str:
+    return value + "000+00:00" if len(value) == 23 else value
+
+
 def _run(r: sqlite3.Row) -> RunRow:
     return RunRow(
         id=r["id"], job=r["job"], idempotency_key=r["idempotency_key"],
-        payload=common.loads(r["payload"]), created_at=r["created_at"],
-        decomposed_at=r["decomposed_at"], completed_at=r["completed_at"],
-        paused_at=r["paused_at"], cancelled_at=r["cancelled_at"], error=r["error"],
+        payload=common.loads(r["payload"]), created_at=_ts_req(r["created_at"]),
+        decomposed_at=_ts(r["decomposed_at"]), completed_at=_ts(r["completed_at"]),
+        paused_at=_ts(r["paused_at"]), cancelled_at=_ts(r["cancelled_at"]), error=r["error"],
         total=r["total"], processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
     )
 
@@ -401,7 +412,8 @@ def _item(r: sqlite3.Row) -> ItemRow:
     return ItemRow(
         id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
         data=common.loads(r["data"]), state=r["state"], attempts=r["attempts"],
-        lease_until=r["lease_until"], not_before=r["not_before"], lease_token=r["lease_token"],
-        result=common.loads(r["result"]), error=r["error"], created_at=r["created_at"],
-        updated_at=r["updated_at"],
+        lease_until=_ts(r["lease_until"]), not_before=_ts(r["not_before"]),
+        lease_token=r["lease_token"],
+        result=common.loads(r["result"]), error=r["error"], created_at=_ts_req(r["created_at"]),
+        updated_at=_ts_req(r["updated_at"]),
     )

@@ -1,0 +1,3 @@
+from workledger.cli import main
+
+main()
