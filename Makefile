@@ -1,5 +1,5 @@
 # The two commands of the README's quick start. Both create .venv on first use.
-#   make demo   install workledger and run the event fan-out demo on ./workledger.db
+#   make demo   install workledger and run the payroll demo on ./workledger.db
 #   make test   install the test extras and run the whole suite, then ruff and mypy
 #               (two pytest workers; `make test PYTEST_ARGS=` runs it in one process)
 #   make docs   regenerate docs/cli.md from the click commands (tests/test_docs.py checks it)
@@ -16,7 +16,7 @@ $(BIN)/python:
 
 demo: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
-	$(BIN)/workledger demo events
+	$(BIN)/workledger demo payroll
 
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'

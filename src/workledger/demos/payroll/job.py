@@ -1,0 +1,128 @@
+"""The ``payroll`` job, written the way a user writes a job of their own: the public API only.
+
+Decomposition gives one item per employee (identity only: the employee id and the period), some
+of them ``skipped`` with a reason; stage ``generate`` (idempotent) renders a byte-identical PDF
+to a deterministic path; stage ``deliver`` (not idempotent) sends it by SMTP with a Message-ID
+derived from ``ctx.idempotency_key`` and, when the built-in mail sink is the server, declares a
+``verify`` hook that asks the sink.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workledger import Context, Item, ItemView, Ledger, Permanent, Retry, Skip
+from workledger.demos.payroll.config import (
+    JOB,
+    TEMPLATE_VERSION,
+    TOLERATE,
+    PayrollConfig,
+    document_id,
+    message_id,
+)
+from workledger.demos.payroll.mail import Mailer, Uncertain, build_message
+from workledger.demos.payroll.render import render_payslip, write_atomically
+from workledger.demos.payroll.store import EmployeeStore
+from workledger.demos.smtp_sink import SinkRecords
+
+
+class Payroll:
+    """The job's handlers and the resources they use. Items carry identity only (employee id and
+    period): every handler fetches the current data from the store when it runs."""
+
+    def __init__(self, config: PayrollConfig) -> None:
+        self.config = config
+        self.store = EmployeeStore(config.store_path)
+        self.mailer = Mailer(config.smtp_host, config.smtp_port)
+        self.sink = SinkRecords(config.sink) if config.sink is not None else None
+
+    def pdf_path(self, doc: str, period: str) -> Path:
+        return self.config.out_dir / period / f"{doc}.pdf"
+
+    def split(self, payload: dict[str, Any]) -> Iterator[Item | Skip]:
+        period = str(payload["period"])
+        for emp, email, paid in self.store.roster(period, int(payload["employees"])):
+            if email is None:
+                yield Skip(key=emp, reason="no e-mail address")
+            elif not paid:
+                yield Skip(key=emp, reason=f"no salary for {period}")
+            else:
+                yield Item(key=emp, data={"period": period})
+
+    def generate(self, item: ItemView, ctx: Context) -> dict[str, Any]:
+        period, emp = str(item.data["period"]), str(item.key)
+        doc = document_id(ctx.run_id, period, emp)
+        path = self.pdf_path(doc, period)
+        pdf = self._existing(path, doc)
+        if pdf is None:
+            slip = self.store.payslip(emp, period)
+            if slip is None:
+                raise Permanent(f"no salary for {period} (changed since the run was submitted)")
+            render = self.store.render_started(doc, ctx.run_id, emp, period)
+            pdf = render_payslip(slip, doc)
+            write_atomically(path, pdf)
+            self.store.render_written(render, doc, hashlib.sha256(pdf).hexdigest())
+        return {"document_id": doc, "sha256": hashlib.sha256(pdf).hexdigest(),
+                "template_version": TEMPLATE_VERSION, "path": str(path)}
+
+    def _existing(self, path: Path, doc: str) -> bytes | None:
+        """A payslip already written by an earlier attempt (whose result was never recorded)."""
+        try:
+            pdf = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        recorded = self.store.recorded_sha(doc)
+        if recorded is not None:
+            return pdf if hashlib.sha256(pdf).hexdigest() == recorded else None
+        return pdf if pdf.rstrip().endswith(b"%%EOF") else None  # renamed, not yet recorded
+
+    def deliver(self, item: ItemView, ctx: Context) -> dict[str, Any]:
+        period, emp = str(item.data["period"]), str(item.key)
+        doc = document_id(ctx.run_id, period, emp)
+        mid = message_id(ctx.idempotency_key)
+        result = {"message_id": mid, "document_id": doc}
+        if ctx.attempt > 1 and self.sink is not None and self.sink.accepted(mid):
+            return {**result, "verified": "accepted by an earlier attempt"}
+        email = self.store.email_of(emp)
+        if email is None:
+            raise Permanent("no e-mail address (removed since the run was submitted)")
+        try:
+            pdf = self.pdf_path(doc, period).read_bytes()
+        except FileNotFoundError as exc:
+            raise Permanent(f"payslip {doc} is missing from {self.config.out_dir}") from exc
+        try:
+            self.mailer.send(email, build_message(email, doc, period, mid, pdf))
+        except Uncertain as exc:
+            if self.sink is not None:
+                raise Retry(f"{exc}; the next attempt asks the sink first") from exc
+            raise Permanent(f"delivery uncertain, not re-sent: {exc}; check the mailbox of "
+                            f"{email} for {mid} before redriving") from exc
+        return {**result, "recipient": email, "sha256": hashlib.sha256(pdf).hexdigest()}
+
+    def verify(self, item: ItemView, ctx: Context) -> Any:
+        """Asked by the sweeper about a delivery whose worker vanished: did the sink accept it?"""
+        assert self.sink is not None
+        mid = message_id(ctx.idempotency_key)
+        if self.sink.accepted(mid):
+            return "done", {"message_id": mid, "verified": "accepted by the mail sink"}
+        return "not_done"
+
+
+def build(url: str | None = None, config: PayrollConfig | None = None) -> Ledger:
+    """A ledger at ``url`` with the ``payroll`` job defined for ``config`` (default: the
+    environment). ``deliver`` has a verify hook only when ``config.sink`` names the sink."""
+    payroll = Payroll(config or PayrollConfig.from_env())
+    book = Ledger(url)
+    job = book.job(JOB, tolerate=TOLERATE)
+    job.decompose(payroll.split)
+    job.stage("generate", idempotent=True, max_attempts=3)(payroll.generate)
+    verify = payroll.verify if payroll.sink is not None else None
+    job.stage("deliver", after="generate", max_attempts=20, base_delay=0.5, max_delay=5.0,
+              verify=verify)(payroll.deliver)
+    return book
+
+
+ledger = build()
