@@ -84,11 +84,11 @@ picked AS (
     FOR UPDATE SKIP LOCKED)
 UPDATE wl_items SET
     state = 'claimed',
-    lease_token = token.value,
+    lease_token = (SELECT value FROM token),
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now()
-FROM picked, token
-WHERE wl_items.id = picked.id
+-- an id array, not a join: a join lets the planner hash the whole table for every claim
+WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
 
@@ -128,6 +128,7 @@ INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, h.stage, i.seq, i.key, i.data
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
 JOIN wl_items AS i ON i.id = h.id
+WHERE i.id = ANY (%(ids)s::bigint[])  -- lets the planner fetch by primary key, never scan
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: items_list

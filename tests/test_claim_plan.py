@@ -1,0 +1,75 @@
+"""The claim stays O(chunk) however many finished rows sit in the table: its plan walks the
+partial index of pending rows, never the whole table or the primary key with a filter."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from workledger.storage import open_store
+from workledger.storage.port import ItemsInsert, NewItem, NewRun
+from workledger.storage.queries import queries
+
+pytestmark = pytest.mark.contract
+
+ROWS = 50_000
+FINISHED = 45_000
+
+
+def _ledger_with_finished_rows(url: str) -> int:
+    store = open_store(url)
+    store.migrate()
+    run, _ = store.run_submit(NewRun("plan", "k", "{}"))
+    for start in range(0, ROWS, 5000):
+        rows = [NewItem(seq, f"k{seq}", None) for seq in range(start, start + 5000)]
+        store.items_insert_many(ItemsInsert(run.id, "apply", rows))
+    store.run_mark_decomposed(run.id, "apply")
+    store.close()
+    return run.id
+
+
+def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
+    import psycopg
+
+    q = queries("postgres")
+    ids = list(range(FINISHED + 1, FINISHED + 101))  # one chunk (the worker's default, 100)
+    statements = {
+        "items_claim": {"run_id": run_id, "after_id": 0, "limit": 500, "lease": 30.0},
+        "items_finish_if_leased": {
+            "ids": ids, "tokens": [1] * 100, "states": ["processed"] * 100,
+            "results": [None] * 100, "errors": [None] * 100, "delays": [None] * 100,
+            "charges": [1] * 100},
+        "items_heartbeat": {"ids": ids, "token": 1, "lease": 30.0},
+        "items_handoff": {"ids": ids, "stages": ["next"] * 100},
+    }
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE wl_items SET state = 'processed' WHERE seq < %s", (FINISHED,))
+        conn.execute("ANALYZE wl_items")
+        return {
+            name: "\n".join(r[0] for r in conn.execute("EXPLAIN " + q[name], params).fetchall())
+            for name, params in statements.items()
+        }
+
+
+def test_postgres_hot_statements_never_scan_the_items_table(pg_url: str) -> None:
+    plans = _pg_plans(pg_url, _ledger_with_finished_rows(pg_url))
+    assert "wl_items_claimable" in plans["items_claim"], plans["items_claim"]
+    for name, plan in plans.items():
+        assert "Seq Scan on wl_items" not in plan, f"{name}:\n{plan}"
+
+
+def test_sqlite_claim_plan_uses_the_pending_index(sqlite_url: str) -> None:
+    run_id = _ledger_with_finished_rows(sqlite_url)
+    path = sqlite_url.removeprefix("sqlite:///")
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE wl_items SET state = 'processed' WHERE seq < ?", (FINISHED,))
+    conn.commit()
+    conn.execute("ANALYZE")
+    sql = queries("sqlite")["items_claim"]
+    params = {"token": 1, "lease": "+30 seconds", "run_id": run_id, "after_id": 0, "limit": 500}
+    plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    conn.close()
+    picked = [line for line in plan if "wl_items" in line and "INDEX" in line]
+    assert any("wl_items_claimable" in line for line in picked), plan
+    assert not any(line.startswith("SCAN wl_items") and "INDEX" not in line for line in plan), plan
