@@ -52,7 +52,9 @@ class Clock:
         if end not in self.seen:
             return "not finished while watched"
         took = self.seen[end] - self.seen.get(begin, self.seen[end])
-        return f"{done} in {took:.1f} s ({done / took if took > 0 else 0:.0f} items/s)"
+        if took < 1.0:  # a resumed run: most of it was done before this command started
+            return f"{done} (no rate: it was finished within a second of being watched)"
+        return f"{done} in {took:.1f} s ({done / took:.0f} items/s)"
 
 
 @dataclass
