@@ -83,6 +83,10 @@ def to_finish(
     job: Job, item: ClaimedItem, outcome: Outcome, attempt: int, jitter: float, charge: int
 ) -> Finish:
     """The pure decision plus what the finish transaction must also write."""
+    if type(outcome) is Processed and not job.full_history:  # the hot path: no event
+        nxt, unit = job.after_processed(item.stage)
+        return Finish(item.id, item.lease_token, "processed", outcome.result, None, None,
+                      charge, unit, nxt)
     stage = job.stage_named(item.stage)
     decision: Decision = decide(outcome, attempt, stage.policy, jitter)
     nxt = job.next_stage(item.stage) if decision.state is ItemState.PROCESSED else None

@@ -52,6 +52,7 @@ class Job:
         self.decomposer: Decomposer | None = None
         self.stages: list[Stage] = []
         self.closing: Stage | None = None
+        self._after: dict[str, tuple[str | None, str | None]] = {}
         self.on_complete_fn: Callable[[Any], Any] | None = None
 
     def decompose(self, fn: Decomposer) -> Decomposer:
@@ -79,6 +80,7 @@ class Job:
 
         def register(fn: Handler) -> Handler:
             self.stages.append(Stage(name, fn, idempotent, policy, verify))
+            self._after.clear()
             return fn
 
         return register
@@ -113,6 +115,14 @@ class Job:
         names = [s.name for s in self.stages]
         i = names.index(name)
         return names[i + 1] if i + 1 < len(names) else None
+
+    def after_processed(self, name: str) -> tuple[str | None, str | None]:
+        """``(next stage, unit counter)`` when an item of stage ``name`` is processed."""
+        found = self._after.get(name)
+        if found is None:
+            nxt = self.next_stage(name)
+            found = self._after[name] = (nxt, None if nxt or name == CLOSE_STAGE else "processed")
+        return found
 
     def submit(self, payload: Any, key: str | None = None) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state."""

@@ -16,7 +16,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from workledger import failpoints
@@ -174,7 +174,7 @@ class Sweeper:
         failpoints.hit("closing.after_hook")
         finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=1)
         if finish.event is None:
-            finish = replace(finish, event="closed")
+            finish = finish._replace(event="closed")
         self.store.items_finish_if_leased(FinishParams(run_id, [finish], self.actor))
         return isinstance(outcome, Processed)
 

@@ -31,6 +31,9 @@ from workledger.storage.port import (
 
 log = logging.getLogger("workledger.worker")
 
+SLICE_MAX = 32  # items per thread-pool task at most
+Ran = tuple[ClaimedItem, Outcome | None]  # None: not started (the worker was stopping)
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -228,22 +231,39 @@ class Worker:
         params = LeaseParams(item.run_id, [item.id], item.lease_token)
         if not self.store.items_mark_started(params):
             return  # lost the lease already; the new holder owns it
-        attempt = item.attempts + 1
-        future = pool.submit(run_handler, job, job.stage_named(item.stage), item, attempt,
-                             self.worker_id)
-        batch.wait({future: item}, lambda f, i: batch.add(
-            to_finish(job, i, f.result(), attempt, self.rng.random(), charge=0)))
+        future = pool.submit(self._run_slice, job, [item])
+        batch.wait({future: [item]}, lambda f, _: self._collect(job, f.result(), batch, 0))
 
     def _run_pooled(
         self, job: Job, items: list[ClaimedItem], batch: _Batch, pool: ThreadPoolExecutor
     ) -> None:
-        futures: dict[Future[Outcome], ClaimedItem] = {
-            pool.submit(run_handler, job, job.stage_named(i.stage), i, i.attempts + 1,
-                        self.worker_id): i
-            for i in items
-        }
-        batch.wait(futures, lambda f, i: batch.add(
-            to_finish(job, i, f.result(), i.attempts + 1, self.rng.random(), charge=1)))
+        # Handlers run in small slices, not one task per item: a thread-pool task costs more
+        # than a no-op handler, and a slice still leaves the other threads busy.
+        size = max(1, min(SLICE_MAX, len(items) // (self.options.concurrency * 8)))
+        slices = [items[i:i + size] for i in range(0, len(items), size)]
+        futures = {pool.submit(self._run_slice, job, s): s for s in slices}
+        batch.wait(futures, lambda f, _: self._collect(job, f.result(), batch, 1))
+
+    def _run_slice(self, job: Job, items: list[ClaimedItem]) -> list[Ran]:
+        """Run items one after another; once the worker is stopping, leave the rest unstarted."""
+        ran: list[Ran] = []
+        for item in items:
+            if self._stop.is_set():
+                ran.append((item, None))
+                continue
+            stage = job.stage_named(item.stage)
+            ran.append((item, run_handler(job, stage, item, item.attempts + 1, self.worker_id)))
+        return ran
+
+    def _collect(self, job: Job, ran: list[Ran], batch: _Batch, charge: int) -> None:
+        unstarted = []
+        for item, outcome in ran:
+            if outcome is None:
+                unstarted.append(item.id)
+            else:
+                batch.add(to_finish(job, item, outcome, item.attempts + 1,
+                                    self.rng.random(), charge))
+        batch.release(unstarted)
 
 
 class _Batch:
@@ -263,8 +283,8 @@ class _Batch:
 
     def wait(
         self,
-        futures: dict[Future[Outcome], ClaimedItem],
-        on_done: Callable[[Future[Outcome], ClaimedItem], None],
+        futures: dict[Future[list[Ran]], list[ClaimedItem]],
+        on_done: Callable[[Future[list[Ran]], list[ClaimedItem]], None],
     ) -> None:
         """Wait for ``futures``, renewing leases of running items and flushing as time passes."""
         opts = self.worker.options
@@ -279,12 +299,12 @@ class _Batch:
                 on_done(f, left.pop(f))
             if self.worker.stopping and not cancelled:
                 cancelled = True
-                dropped = [i.id for f, i in list(left.items()) if f.cancel()]
+                dropped = [i.id for f, items in list(left.items()) if f.cancel() for i in items]
                 for f in [f for f in left if f.cancelled()]:
                     left.pop(f)
                 self.release(dropped)
             if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
-                self._heartbeat([i.id for i in left.values()])
+                self._heartbeat([i.id for items in left.values() for i in items])
             if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
                 self.flush()
 
