@@ -39,8 +39,9 @@ class RunRow:
     skipped: int
 
 
-@dataclass(frozen=True)
-class NewItem:
+class NewItem(NamedTuple):
+    """One item row to write (a named tuple: decomposition makes millions)."""
+
     seq: int
     key: str | None
     data: str | None  # JSON text

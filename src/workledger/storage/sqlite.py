@@ -182,11 +182,8 @@ class SqliteStore:
     # -- items -----------------------------------------------------------------------------
 
     def items_insert_many(self, params: ItemsInsert) -> int:
-        rows = [
-            {"run_id": params.run_id, "stage": params.stage, "seq": i.seq, "key": i.key,
-             "data": i.data, "state": i.state, "error": i.error}
-            for i in params.items
-        ]
+        head = (params.run_id, params.stage)
+        rows = [head + tuple(i) for i in params.items]
         with self._tx() as conn:
             before = conn.total_changes
             conn.executemany(Q["items_insert"], rows)

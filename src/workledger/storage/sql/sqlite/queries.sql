@@ -55,8 +55,10 @@ WHERE id = :run_id
 RETURNING cancelled_at;
 
 -- name: items_insert
+-- positional parameters (run_id, stage, seq, key, data, state, error): tuples are cheaper
+-- than dicts when a decomposition writes millions of rows
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
-VALUES (:run_id, :stage, :seq, :key, :data, :state, :error)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: lease_token_next
