@@ -77,7 +77,12 @@ class PostgresStore:
         if "connect_timeout" not in given:  # an unreachable server fails fast
             conninfo = make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
         try:
-            return psycopg.connect(conninfo, autocommit=False, row_factory=dict_row)
+            conn = psycopg.connect(conninfo, autocommit=False, row_factory=dict_row)
+            # JIT compiles small ledger queries for tens of milliseconds when statistics are
+            # missing; none of our statements scans enough rows to gain from it
+            conn.execute("SET jit = off")
+            conn.commit()
+            return conn
         except psycopg.Error as exc:
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {self._where()}: {_reason(exc, connecting=True)}"
