@@ -234,3 +234,19 @@ def test_verify_hook_settles_expired_leases(db_url: str) -> None:
     states = {i.key: i.state for i in ledger.items(sub.run_id)}
     assert states == {"a": "processed", "b": "pending", "c": "unknown"}
     assert ledger.status(sub.run_id).state == "awaiting_repair"
+
+
+def test_full_history_jobs_record_plain_claims_and_completions(db_url: str) -> None:
+    ledger = Ledger(db_url)
+    job = ledger.job("audited", full_history=True)
+    job.decompose(lambda payload: (Item(key=k) for k in payload["keys"]))
+    job.stage("apply", idempotent=True)(lambda item, ctx: {"ok": item.key})
+    quiet = ledger.job("quiet")
+    quiet.decompose(lambda payload: (Item(key=k) for k in payload["keys"]))
+    quiet.stage("apply", idempotent=True)(lambda item, ctx: None)
+    loud = job.submit({"keys": ["a", "b"]}, key="h")
+    hush = quiet.submit({"keys": ["a", "b"]}, key="h")
+    ledger.work(concurrency=1, until_idle=True)
+    kinds = [e.kind for e in ledger.events(loud.run_id) if e.item_id is not None]
+    assert sorted(kinds) == ["claimed", "claimed", "processed", "processed"]
+    assert [e for e in ledger.events(hush.run_id) if e.item_id is not None] == []
