@@ -25,7 +25,6 @@ from workledger.storage.port import (
     Finish,
     FinishParams,
     LeaseParams,
-    ReclaimParams,
     Store,
 )
 
@@ -112,7 +111,7 @@ class Worker:
     def run(self) -> WorkReport:
         with ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wl-handler") as pool:
             while not self._stop.is_set():
-                self._maybe_reclaim()
+                self._maybe_sweep()
                 chunk = self._claim_next()
                 if chunk:
                     self._process(chunk, pool)
@@ -158,40 +157,27 @@ class Worker:
 
     def _idle_for_good(self) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
-        if self.sweeper is not None:
-            self._reclaimed_at = -1e9
-            self._maybe_reclaim()  # closing hooks and expired leases before deciding
+        self._maybe_sweep(now=True)  # closing hooks and expired leases before deciding
         runs = self._active_runs(refresh=True)
         if not runs:
             return True
         outlook = self.store.outlook([r for r, _ in runs])
         if outlook.ready or outlook.waiting or outlook.leased:
             return False
-        return not outlook.expired or not self._has_reclaimable_stage()
+        # a lease that ran out after this sweep is the next sweep's to settle
+        return not (outlook.expired and self.sweeper is not None)
 
-    def _has_reclaimable_stage(self) -> bool:
-        return any(s.idempotent for job in self.jobs.values() for s in job.stages)
+    # -- lease expiry and the rest of the sweeper's work ------------------------------------
 
-    # -- lease expiry ----------------------------------------------------------------------
-
-    def _maybe_reclaim(self) -> None:
+    def _maybe_sweep(self, now: bool = False) -> None:
+        if self.sweeper is None:
+            return
         every = self.options.reclaim_every or min(self.options.lease / 2, 10.0)
-        if self.clock() - self._reclaimed_at < every:
+        if not now and self.clock() - self._reclaimed_at < every:
             return
         self._reclaimed_at = self.clock()
-        if self.sweeper is not None:
-            swept = self.sweeper.sweep()
-            self.report.reclaimed += swept.to_pending + swept.to_unknown
-            return
-        for job in self.jobs.values():
-            for stage in job.stages:
-                if not stage.idempotent:
-                    continue  # non-idempotent stages wait for the sweeper (verify / unknown)
-                rows = self.store.leases_reclaim_expired(ReclaimParams(
-                    job=job.name, stage=stage.name, to_state="pending",
-                    reason=f"{LEASE_EXPIRED}: its holder stopped renewing the lease",
-                    actor=self.worker_id))
-                self.report.reclaimed += len(rows)
+        swept = self.sweeper.sweep()
+        self.report.reclaimed += swept.to_pending + swept.to_unknown
 
     # -- processing ------------------------------------------------------------------------
 
