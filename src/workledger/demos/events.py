@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from workledger import Context, Item, ItemView, Ledger, Skip
+from workledger.demos.local_db import LocalDb
 
 JOB = "ingest-events"
 INVALID_EVERY = 50
@@ -117,17 +118,10 @@ class Sink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._local = threading.local()
+        self._db = LocalDb(self.path, _SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            self._local.conn = conn
-        return conn
+        return self._db.conn()
 
     def apply(self, key: str, run_id: int, event_id: str) -> bool:
         """Apply the effect for ``key`` once; return False if it was already applied."""
@@ -161,10 +155,7 @@ class Sink:
         return SinkCounts(*one)
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        self._db.close()
 
 
 _sinks: dict[Path, Sink] = {}

@@ -28,6 +28,8 @@ from types import TracebackType
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from workledger.demos.local_db import LocalDb
+
 HOST = "127.0.0.1"
 TRANSIENT = "451 4.3.2 System not accepting network messages, try again later"
 NO_MAILBOX = "550 5.1.1 Mailbox unavailable: no such user"
@@ -61,18 +63,10 @@ class SinkRecords:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._local = threading.local()
+        self._db = LocalDb(self.path, _SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")  # WAL: survives a killed process
-            conn.executescript(_SCHEMA)
-            self._local.conn = conn
-        return conn
+        return self._db.conn()
 
     def record(self, message_id: str, recipient: str, attachment_sha256: str | None,
                size: int) -> None:
@@ -121,10 +115,7 @@ class SinkRecords:
         return {str(code): int(n) for code, n in rows}
 
     def close(self) -> None:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        self._db.close()
 
 
 def attachment_digest(raw: bytes) -> tuple[str | None, str | None]:

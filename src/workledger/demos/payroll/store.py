@@ -9,11 +9,11 @@ from __future__ import annotations
 import calendar
 import os
 import sqlite3
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workledger.demos.local_db import LocalDb
 from workledger.demos.payroll.config import BOUNCE_DOMAIN, STAFF_DOMAIN, TEMPLATE_VERSION
 
 _STORE_SCHEMA = """
@@ -100,18 +100,10 @@ class EmployeeStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._local = threading.local()
+        self._db = LocalDb(self.path, _STORE_SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_STORE_SCHEMA)
-            self._local.conn = conn
-        return conn
+        return self._db.conn()
 
     def seed(self, employees: int, period: str) -> None:
         """Create employees 1..n and the period (existing rows are kept as they are)."""
@@ -189,7 +181,4 @@ class EmployeeStore:
         return int(row[0])
 
     def close(self) -> None:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        self._db.close()
