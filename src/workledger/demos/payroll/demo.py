@@ -35,6 +35,7 @@ from workledger.demos.payroll.config import (
 from workledger.demos.payroll.job import build
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import MailSink
+from workledger.storage import display_url
 
 WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
 
@@ -254,8 +255,12 @@ def _report(demo: Demo, created: bool) -> int:
         demo.console.print("CHECK FAILED: " + "; ".join(checks.problems), markup=False)
         return 1
     demo.console.print("nothing generated or sent twice", markup=False)
-    demo.console.print(f"look closer: workledger status {demo.run_id} · workledger items "
-                       f"{demo.run_id} --state skipped", markup=False)
+    # --app: the job's tolerance of failures lives in its definition, not in the ledger
+    cmd = "workledger --app workledger.demos.payroll:ledger"
+    if demo.url != "sqlite:///workledger.db":
+        cmd += f" --db {display_url(demo.url)}"
+    demo.console.print(f"look closer: {cmd} status {demo.run_id}\n"
+                       f"             {cmd} items {demo.run_id} --state failed", markup=False)
     return 0
 
 
