@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -55,7 +56,7 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def pg_url(pg_database: str) -> str:
+def pg_url(request: pytest.FixtureRequest, pg_database: str) -> Iterator[str]:
     """A fresh schema in the session database; the URL pins ``search_path`` to it."""
     import psycopg
 
@@ -63,20 +64,71 @@ def pg_url(pg_database: str) -> str:
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     sep = "&" if "?" in pg_database else "?"
-    return f"{pg_database}{sep}options={quote(f'-csearch_path={schema}')}"
+    url = f"{pg_database}{sep}options={quote(f'-csearch_path={schema}')}"
+    yield url
+    _check_counts(request, url)
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    yield url
+    _check_counts(request, url)
+
+
+# wl_stage_counts (the projection status reads) against the items it summarises: rows in one
+# and not the other. Every test on db_url ends with this check, so a write path that forgets to
+# move a counter fails whichever test takes it.
+DRIFT_SQL = """
+SELECT 'stored' AS side, run_id, stage, state, n FROM (
+    SELECT run_id, stage, state, n FROM wl_stage_counts WHERE n <> 0
+    EXCEPT SELECT run_id, stage, state, count(*) FROM wl_items GROUP BY run_id, stage, state) AS a
+UNION ALL
+SELECT 'ledger', run_id, stage, state, n FROM (
+    SELECT run_id, stage, state, count(*) AS n FROM wl_items GROUP BY run_id, stage, state
+    EXCEPT SELECT run_id, stage, state, n FROM wl_stage_counts WHERE n <> 0) AS b
+ORDER BY 2, 3, 4, 1
+"""
+
+
+def counts_drift(url: str) -> list[tuple[object, ...]] | None:
+    """Where wl_stage_counts disagrees with the items; None when the ledger has no such table."""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        path = url[len("sqlite:///"):]
+        if not Path(path).exists():
+            return None
+        with closing(sqlite3.connect(path)) as conn:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'wl_stage_counts'")
+            if found.fetchone() is None:
+                return None
+            return [tuple(r) for r in conn.execute(DRIFT_SQL)]
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        if pg.execute("SELECT to_regclass('wl_stage_counts')").fetchone() == (None,):
+            return None
+        return [tuple(r) for r in pg.execute(DRIFT_SQL)]
 
 
 @pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The URL of an empty ledger database, once per backend."""
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty ledger database, once per backend. After the test, the stage
+    counts must agree with the items (tests that corrupt them on purpose are marked
+    ``counts_drift``)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("pg_url"))
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        yield url
+        _check_counts(request, url)
+    else:
+        yield str(request.getfixturevalue("pg_url"))  # pg_url checks after the test
+
+
+def _check_counts(request: pytest.FixtureRequest, url: str) -> None:
+    if request.node.get_closest_marker("counts_drift") is None:
+        drift = counts_drift(url)
+        assert not drift, f"wl_stage_counts disagrees with wl_items: {drift}"
 
 
 @pytest.fixture

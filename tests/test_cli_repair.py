@@ -63,6 +63,38 @@ def test_reconcile_dry_run_then_repair(wl: Run, db_url: str) -> None:  # noqa: F
     led.close()
 
 
+def test_reconcile_repairs_stage_counts_that_drifted(wl: Run, db_url: str) -> None:  # noqa: F811
+    """status reads wl_stage_counts; when they drift (here by hand, as a bug or a worker of an
+    older version would), reconcile names each difference and rebuilds them from the items."""
+    run_id = _failed_run(wl)
+    with Ledger(db_url) as led:
+        assert led.status(run_id).counts == {"double": {"processed": 3, "failed": 2}}
+    raw_sql = ("UPDATE wl_stage_counts SET n = n + 4 WHERE state = 'processed';"
+               "DELETE FROM wl_stage_counts WHERE state = 'failed'")
+    if db_url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+            conn.executescript(raw_sql)
+    else:
+        import psycopg
+
+        with psycopg.connect(db_url, autocommit=True) as pg:
+            pg.execute(raw_sql)
+    with Ledger(db_url) as led:
+        assert led.status(run_id).counts == {"double": {"processed": 7}}  # the drift shows
+    dry = ok_json(wl("reconcile", str(run_id), "--dry-run", "--json"))
+    assert dry[0]["differences"] == {"double.processed": {"stored": 7, "ledger": 3},
+                                     "double.failed": {"stored": 0, "ledger": 2}}
+    text = wl("reconcile", str(run_id))
+    assert text.returncode == 0 and "double.processed 7 -> 3" in text.stdout, text.stdout
+    with Ledger(db_url) as led:
+        assert led.status(run_id).counts == {"double": {"processed": 3, "failed": 2}}
+        story = [e for e in led.events(run_id) if e.kind == "reconciled"]
+        assert story[-1].detail["counts"]["double.failed"] == {"stored": 0, "ledger": 2}
+    assert ok_json(wl("reconcile", str(run_id), "--json"))[0]["differences"] == {}
+
+
 def test_reconcile_needs_a_run_or_all(wl: Run) -> None:  # noqa: F811
     one_error_line(wl("reconcile"), 2)
 

@@ -15,6 +15,7 @@ from urllib.parse import unquote
 import pytest
 
 from workledger.storage import open_store
+from workledger.storage.queries import migrations
 
 pytestmark = pytest.mark.contract
 
@@ -53,6 +54,7 @@ PUBLIC_COLUMNS = {
         "updated_at",
     },
     "wl_events": {"id", "run_id", "item_id", "at", "kind", "lease_token", "actor", "detail"},
+    "wl_stage_counts": {"id", "run_id", "stage", "state", "n"},
 }
 
 PG_UNIQUE_INDEXES = """
@@ -125,6 +127,7 @@ def test_items_are_unique_by_run_stage_and_seq(migrated_url: str) -> None:
         assert ("run_id", "stage", "seq") in unique_keys_of(conn, "wl_items")
 
 
+@pytest.mark.counts_drift  # writes item rows by hand, around the ledger's counters
 def test_the_database_refuses_a_second_row_for_the_same_run_stage_and_seq(
     migrated_url: str,
 ) -> None:
@@ -161,3 +164,36 @@ def test_migrating_twice_leaves_the_same_schema(migrated_url: str) -> None:
         store.close()
     with raw(migrated_url) as conn:
         assert {t: columns_of(conn, t) for t in PUBLIC_COLUMNS} == before
+
+
+def test_migration_2_counts_the_items_a_version_1_ledger_already_holds(db_url: str) -> None:
+    """An existing ledger (schema 1) gets wl_stage_counts filled from its items on upgrade."""
+    dialect = "sqlite" if db_url.startswith("sqlite") else "postgres"
+    version, _name, sql = migrations(dialect)[0]
+    with raw(db_url) as conn:
+        p = "?" if dialect == "sqlite" else "%s"
+        if dialect == "sqlite":
+            conn.executescript(sql)
+        else:
+            conn.execute(sql)
+        conn.execute("CREATE TABLE wl_schema_version (version integer PRIMARY KEY)")
+        conn.execute(f"INSERT INTO wl_schema_version (version) VALUES ({p})", (version,))
+        for run in (1, 2):
+            conn.execute(f"INSERT INTO wl_runs (id, job, idempotency_key, payload) "
+                         f"VALUES ({p}, 'old', {p}, '{{}}')", (run, f"k{run}"))
+        rows = [(1, "a", seq, state) for seq, state in enumerate(
+            ["processed"] * 5 + ["pending"] * 3 + ["failed", "unknown"])]
+        rows += [(1, "b", seq, "pending") for seq in range(5)]
+        rows += [(2, "a", seq, "skipped") for seq in range(2)]
+        for row in rows:
+            conn.execute(f"INSERT INTO wl_items (run_id, stage, seq, state) "
+                         f"VALUES ({p}, {p}, {p}, {p})", row)
+    store = open_store(db_url)
+    try:
+        assert store.migrate() == [v for v, _, _ in migrations(dialect)][1:]
+        assert store.run_counts(1) == {"a": {"failed": 1, "pending": 3, "processed": 5,
+                                             "unknown": 1}, "b": {"pending": 5}}
+        assert list(store.run_counts(1)) == ["a", "b"]  # stages in the order they appeared
+        assert store.run_counts(2) == {"a": {"skipped": 2}}
+    finally:
+        store.close()

@@ -128,6 +128,12 @@ class Ledger:
                 self._store.close()
                 self._store = None
 
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- jobs and runs ---------------------------------------------------------------------
 
     def job(self, name: str, *, tolerate: float | int = 0, full_history: bool = False,
@@ -293,7 +299,7 @@ class Ledger:
     def _status_of(self, run: RunRow) -> RunStatus:
         counts = self.store.run_counts(run.id)
         job = self.jobs.get(run.job)
-        outlook = self.store.outlook([run.id])
+        expired, waiting = self.store.run_waits(run.id)
         facts = RunFacts(
             stages=[s.name for s in job.stages] if job else list(counts),
             counts=counts,
@@ -301,8 +307,8 @@ class Ledger:
             paused=run.paused_at is not None,
             cancelled=run.cancelled_at is not None,
             error=run.error,
-            expired_leases=outlook.expired,
-            retries_waiting=outlook.waiting,
+            expired_leases=expired,
+            retries_waiting=waiting,
             tolerate=job.tolerate if job else 0,
         )
         d = derive(facts)

@@ -74,6 +74,19 @@ def units_of(stages: Sequence[str], counts: Counts) -> Units:
     return Units(total, processed, failed, skipped)
 
 
+def count_differences(stored: Counts, ledger: Counts) -> dict[str, tuple[int, int]]:
+    """``{"stage.state": (stored, ledger)}`` wherever the two disagree (0 when absent)."""
+    keys = {(st, s) for st, states in stored.items() for s in states}
+    keys |= {(st, s) for st, states in ledger.items() for s in states}
+    out: dict[str, tuple[int, int]] = {}
+    for stage, state in sorted(keys):
+        a = stored.get(stage, {}).get(state, 0)
+        b = ledger.get(stage, {}).get(state, 0)
+        if a != b:
+            out[f"{stage}.{state}"] = (a, b)
+    return out
+
+
 def failures_allowed(total: int, tolerate: float | int) -> int:
     """How many failed units a run of ``total`` units may have and still complete."""
     if isinstance(tolerate, bool) or tolerate < 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from workledger.core.status import settledness
+from workledger.core.status import count_differences, settledness
 from workledger.storage.port import Projection, Reconciled, RunRow, Store
 
 DeriveFn = Callable[[RunRow, dict[str, dict[str, int]]], Projection]
@@ -26,9 +26,12 @@ def reconcile(
 
 
 def differences(r: Reconciled) -> dict[str, tuple[object, object]]:
-    """``{field: (stored, derived)}`` for every field that disagrees."""
-    return {
+    """``{field: (stored, derived)}`` for every counter that disagrees: the run's unit counters,
+    then each ``stage.state`` count of ``wl_stage_counts``."""
+    found: dict[str, tuple[object, object]] = {
         name: (getattr(r.stored, name), getattr(r.derived, name))
         for name in ("total", "processed", "failed", "skipped", "complete")
         if getattr(r.stored, name) != getattr(r.derived, name)
     }
+    found.update(count_differences(r.stored_counts, r.ledger_counts))
+    return found

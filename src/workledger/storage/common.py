@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workledger import failpoints
+from workledger.core.status import count_differences
 from workledger.storage.port import (
     ClaimedItem,
     FinishParams,
@@ -42,6 +43,88 @@ def finish_rows(finishes: Sequence[Any]) -> list[list[Any]]:
     ]
 
 
+class Tally:
+    """Moves between (stage, state) counts inside one transaction, for ``wl_stage_counts``.
+
+    The adapters add one entry per row a statement actually changed (from its RETURNING), and
+    write the sum as the transaction's last statement, sorted, so that two transactions take
+    the counter rows in the same order.
+    """
+
+    __slots__ = ("delta",)
+
+    def __init__(self) -> None:
+        self.delta: dict[tuple[str, str], int] = {}
+
+    def add(self, stage: str, state: str, n: int = 1) -> None:
+        key = (stage, state)
+        self.delta[key] = self.delta.get(key, 0) + n
+
+    def move(self, stage: str, old: str, new: str, n: int = 1) -> None:
+        if old != new and n:
+            self.add(stage, old, -n)
+            self.add(stage, new, n)
+
+    def merge(self, other: Tally) -> None:
+        for (stage, state), n in other.delta.items():
+            self.add(stage, state, n)
+
+    def rows(self, run_id: int) -> list[tuple[int, str, str, int]]:
+        return [(run_id, stage, state, n) for (stage, state), n in sorted(self.delta.items())
+                if n]
+
+    @classmethod
+    def moves(cls, stages: Iterable[str], old: str, new: str) -> Tally:
+        """One item moved ``old -> new`` per stage given (one stage per changed row)."""
+        per_stage: dict[str, int] = {}
+        for stage in stages:
+            per_stage[stage] = per_stage.get(stage, 0) + 1
+        tally = cls()
+        for stage, n in per_stage.items():
+            tally.move(stage, old, new, n)
+        return tally
+
+    @classmethod
+    def of_moves(cls, changed: Iterable[Any], to_state: dict[int, str], from_state: str) -> Tally:
+        """Rows ``(id, stage)`` a guarded update changed from ``from_state`` to ``to_state[id]``."""
+        tally = cls()
+        for item_id, stage in changed:
+            tally.move(stage, from_state, to_state[int(item_id)])
+        return tally
+
+
+def reclaim_tallies(items: Iterable[ItemRow], to_state: str) -> dict[int, Tally]:
+    """Expired leases moved ``claimed -> to_state``, per run (a reclaim spans runs)."""
+    tallies: dict[int, Tally] = {}
+    for i in items:
+        tallies.setdefault(i.run_id, Tally()).move(i.stage, "claimed", to_state)
+    return tallies
+
+
+def count_rows(run_id: int, counts: dict[str, dict[str, int]]) -> list[tuple[int, str, str, int]]:
+    """Counts as ``counts_add`` rows, stages in their given order (it becomes the stored one)."""
+    return [(run_id, stage, state, n) for stage, states in counts.items()
+            for state, n in sorted(states.items())]
+
+
+def reconcile_event(run_id: int, actor: str, stored: Projection, derived: Projection,
+                    stored_counts: dict[str, dict[str, int]],
+                    counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+    detail: dict[str, Any] = {"stored": vars(stored), "derived": vars(derived)}
+    diff = count_differences(stored_counts, counts)
+    if diff:
+        detail["counts"] = {k: {"stored": a, "ledger": b} for k, (a, b) in diff.items()}
+    return run_event(run_id, "reconciled", actor, **detail)
+
+
+def counts_of(rows: Iterable[Any]) -> dict[str, dict[str, int]]:
+    """``(stage, state, n)`` rows to ``{stage: {state: n}}``, keeping the rows' stage order."""
+    counts: dict[str, dict[str, int]] = {}
+    for stage, state, n in rows:
+        counts.setdefault(stage, {})[state] = int(n)
+    return counts
+
+
 @dataclass
 class FinishPlan:
     units: dict[str, int] = field(default_factory=lambda: {"processed": 0, "failed": 0,
@@ -49,6 +132,7 @@ class FinishPlan:
     handoffs: list[list[Any]] = field(default_factory=list)
     events: list[NewEvent] = field(default_factory=list)
     stale: list[int] = field(default_factory=list)
+    moved: dict[int, str] = field(default_factory=dict)  # applied id -> the state it moved to
 
 
 def settle_rows(settles: Sequence[Settle]) -> list[list[Any]]:
@@ -62,6 +146,7 @@ def plan_after_settle(params: SettleParams, applied: set[int]) -> FinishPlan:
         if s.id not in applied:
             plan.stale.append(s.id)
             continue
+        plan.moved[s.id] = s.state
         if s.unit:
             plan.units[s.unit] += 1
         if s.unit_removed:
@@ -92,6 +177,7 @@ def plan_after_finish(params: FinishParams, applied: set[int]) -> FinishPlan:
                 detail=json.dumps({"discarded_state": f.state, "error": f.error}),
             ))
             continue
+        plan.moved[f.id] = f.state
         if f.unit:
             plan.units[f.unit] += 1
         if f.next_stage:

@@ -7,8 +7,8 @@ All times that matter for leases are computed by the database, never by a worker
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 # -- values -----------------------------------------------------------------------------------
@@ -181,6 +181,9 @@ class Reconciled:
     stored: Projection
     derived: Projection
     repaired: bool
+    # wl_stage_counts against the items: {stage: {state: n}}, each as found before any repair
+    stored_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    ledger_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ class Store(Protocol):
     def run_record_error(self, run_id: int, error: str | None) -> None: ...
     def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]: ...
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]: ...
+    def run_waits(self, run_id: int) -> tuple[int, int]: ...  # (expired leases, retries due later)
 
     def items_insert_many(self, params: ItemsInsert) -> int: ...
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]: ...

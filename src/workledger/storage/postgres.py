@@ -44,6 +44,9 @@ Q = queries("postgres")
 CONNECT_TIMEOUT = 5
 # pg_advisory_xact_lock key that serialises concurrent migrate() calls ("wl" + "migr").
 MIGRATE_LOCK = 0x776C_6D69_6772
+# pg_advisory_xact_lock(DECOMPOSE_LOCK, run_id % 2**31): two decompositions of one run (a
+# sweeper and a slow original) write a batch one at a time, so each counts only its new rows.
+DECOMPOSE_LOCK = 0x776C_6463
 
 Conn = psycopg.Connection[DictRow]
 _OUTLOOK = ("ready", "waiting", "next_ready_in", "leased", "lease_ends_in", "expired")
@@ -197,6 +200,10 @@ class PostgresStore:
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return _counts(self._read(Q["run_counts"], {"run_id": run_id}))
 
+    def run_waits(self, run_id: int) -> tuple[int, int]:
+        row = _first(self._read(Q["run_waits"], {"run_id": run_id}))
+        return int(row["expired"]), int(row["waiting"])
+
     def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]:
         rows = self._read(Q["runs_undecomposed"], {"grace": float(grace_seconds)})
         return [_run(r) for r in rows]
@@ -218,9 +225,12 @@ class PostgresStore:
         with self._tx() as conn:
             if conn.execute(Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
                 return -1
-            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+            cancelled = conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall()
+            n = len(cancelled)
             conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
                                               "skipped": n})
+            _count(conn, run_id, common.Tally.moves((r["stage"] for r in cancelled), "pending",
+                                                    "skipped"))
             conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                            note=note, items=n))
         return n
@@ -236,15 +246,20 @@ class PostgresStore:
             if locked is None:
                 raise UnknownRun(f"no run {run_id}")
             run = _run(locked)
-            derived = derive(run, _counts(conn.execute(Q["run_counts"], {"run_id": run_id})))
+            counts = _counts(conn.execute(Q["run_counts_ledger"], {"run_id": run_id}))
+            stored_counts = _counts(conn.execute(Q["run_counts"], {"run_id": run_id}))
+            derived = derive(run, counts)
             stored = common.projection_of(run)
-            fix = repair and stored != derived
+            fix = repair and (stored != derived or stored_counts != counts)
             if fix:
                 conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
-                conn.execute(Q["events_add"], common.run_event(
-                    run_id, "reconciled", actor, stored=vars(stored), derived=vars(derived)))
+                conn.execute(Q["events_add"], common.reconcile_event(
+                    run_id, actor, stored, derived, stored_counts, counts))
+                conn.execute(Q["counts_clear"], {"run_id": run_id})
+                _add_counts(conn, run_id, common.count_rows(run_id, counts))
                 common.failpoint("reconcile.before_commit")
-        return Reconciled(stored=stored, derived=derived, repaired=fix)
+        return Reconciled(stored=stored, derived=derived, repaired=fix,
+                          stored_counts=stored_counts, ledger_counts=counts)
 
     # -- items -----------------------------------------------------------------------------
 
@@ -259,7 +274,18 @@ class PostgresStore:
         inserted = 0
         if items:
             with self._tx() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                              (DECOMPOSE_LOCK, params.run_id % 2**31))
+                # the rows already there (a re-decomposition) are not counted again
+                present = {r["seq"] for r in conn.execute(Q["items_keys"], {
+                    "run_id": params.run_id, "stage": params.stage, "lo": items[0].seq,
+                    "hi": items[-1].seq + 1})}
                 inserted = conn.execute(Q["items_insert"], columns).rowcount
+                tally = common.Tally()
+                for i in items:
+                    if i.seq not in present:
+                        tally.add(params.stage, i.state)
+                _count(conn, params.run_id, tally)
         common.failpoint("decompose.after_batch")
         return inserted
 
@@ -273,6 +299,9 @@ class PostgresStore:
             claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
             if params.record_event and claimed:
                 _many(conn, Q["events_add"], common.claim_events(claimed, params.actor))
+            if claimed:
+                _count(conn, params.run_id, common.Tally.moves(
+                    (c.stage for c in claimed), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -294,10 +323,12 @@ class PostgresStore:
 
     def items_release(self, params: LeaseParams) -> int:
         with self._tx() as conn:
-            cur = conn.execute(
+            rows = conn.execute(
                 Q["items_release"], {"ids": list(params.ids), "token": params.lease_token}
-            )
-            return int(cur.rowcount)
+            ).fetchall()
+            _count(conn, params.run_id, common.Tally.moves(
+                (r["stage"] for r in rows), "claimed", "pending"))
+            return len(rows)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         columns = _columns(common.finish_rows(params.finishes),
@@ -306,7 +337,7 @@ class PostgresStore:
             found = conn.execute(Q["items_finish_if_leased"], columns).fetchall()
             applied = {int(r["id"]) for r in found}
             plan = common.plan_after_finish(params, applied)
-            _write_plan(conn, params.run_id, plan)
+            _write_plan(conn, params.run_id, plan, found, "claimed")
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
@@ -322,7 +353,7 @@ class PostgresStore:
             found = conn.execute(Q["items_settle"], columns).fetchall()
             applied = {int(r["id"]) for r in found}
             plan = common.plan_after_settle(params, applied)
-            _write_plan(conn, params.run_id, plan)
+            _write_plan(conn, params.run_id, plan, found, params.from_state)
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
     def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
@@ -355,6 +386,9 @@ class PostgresStore:
             if items:
                 _many(conn, Q["events_add"],
                       [common.event_params(e) for e in common.reclaim_events(items, params)])
+                tallies = common.reclaim_tallies(items, params.to_state)
+                for run_id in sorted(tallies):
+                    _count(conn, run_id, tallies[run_id])
                 common.failpoint("reclaim.before_commit")
         if items:
             common.failpoint("reclaim.after_commit")
@@ -427,21 +461,40 @@ def _columns(rows: list[list[Any]], names: Sequence[str]) -> dict[str, list[Any]
     return columns
 
 
-def _write_plan(conn: Conn, run_id: int, plan: common.FinishPlan) -> None:
-    """What a finish or a settle writes besides the items: hand-offs, counters, history."""
+def _write_plan(conn: Conn, run_id: int, plan: common.FinishPlan, moved: Sequence[DictRow],
+                from_state: str) -> None:
+    """What a finish or a settle writes besides the items: hand-offs, counters, history.
+    ``moved`` holds the (id, stage) rows the guarded update changed. The stage counts go
+    last: they are the rows every transaction of the run touches."""
+    tally = common.Tally.of_moves(((r["id"], r["stage"]) for r in moved), plan.moved,
+                                  from_state)
     if plan.handoffs:
-        conn.execute(Q["items_handoff"], {"ids": [h[0] for h in plan.handoffs],
-                                          "stages": [h[1] for h in plan.handoffs]})
+        for r in conn.execute(Q["items_handoff"], {"ids": [h[0] for h in plan.handoffs],
+                                                   "stages": [h[1] for h in plan.handoffs]}):
+            tally.add(r["stage"], "pending")
     row = conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
     if row is not None and row["cancelled_at"] is not None:
         # the run was cancelled while this chunk ran: a retry or a hand-off must not leave a
         # pending item behind in it
-        n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
-        if n:
+        cancelled = conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall()
+        if cancelled:
+            tally.merge(common.Tally.moves((r["stage"] for r in cancelled), "pending", "skipped"))
             conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
-                                              "skipped": n})
+                                              "skipped": len(cancelled)})
     if plan.events:
         _many(conn, Q["events_add"], [common.event_params(e) for e in plan.events])
+    _count(conn, run_id, tally)
+
+
+def _count(conn: Conn, run_id: int, tally: common.Tally) -> None:
+    _add_counts(conn, run_id, tally.rows(run_id))
+
+
+def _add_counts(conn: Conn, run_id: int, rows: Sequence[tuple[int, str, str, int]]) -> None:
+    if rows:
+        conn.execute(Q["counts_add"], {"run_id": run_id, "stages": [r[1] for r in rows],
+                                       "states": [r[2] for r in rows],
+                                       "ns": [r[3] for r in rows]})
 
 
 def _counts(rows: Iterable[DictRow]) -> dict[str, dict[str, int]]:

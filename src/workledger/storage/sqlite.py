@@ -174,20 +174,33 @@ class SqliteStore:
         return [(int(r[0]), str(r[1])) for r in rows]
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {}
-        for stage, state, n in self._read(Q["run_counts"], {"run_id": run_id}):
-            counts.setdefault(stage, {})[state] = int(n)
-        return counts
+        return common.counts_of(self._read(Q["run_counts"], {"run_id": run_id}))
+
+    def run_waits(self, run_id: int) -> tuple[int, int]:
+        expired, waiting = self._read(Q["run_waits"], {"run_id": run_id})[0]
+        return int(expired), int(waiting)
 
     # -- items -----------------------------------------------------------------------------
 
     def items_insert_many(self, params: ItemsInsert) -> int:
+        items = params.items
+        if not items:
+            return 0
         head = (params.run_id, params.stage)
-        rows = [head + tuple(i) for i in params.items]
+        rows = [head + tuple(i) for i in items]
         with self._tx() as conn:
+            # the rows already there (a re-decomposition) are not counted again
+            present = {r[0] for r in conn.execute(Q["items_keys"], {
+                "run_id": params.run_id, "stage": params.stage, "lo": items[0].seq,
+                "hi": items[-1].seq + 1})}
             before = conn.total_changes
             conn.executemany(Q["items_insert"], rows)
             inserted = conn.total_changes - before
+            tally = common.Tally()
+            for i in items:
+                if i.seq not in present:
+                    tally.add(params.stage, i.state)
+            _count(conn, params.run_id, tally)
         common.failpoint("decompose.after_batch")
         return inserted
 
@@ -202,6 +215,9 @@ class SqliteStore:
             claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
             if params.record_event and claimed:
                 conn.executemany(Q["events_add"], common.claim_events(claimed, params.actor))
+            if claimed:
+                _count(conn, params.run_id, common.Tally.moves(
+                    (c.stage for c in claimed), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -224,18 +240,21 @@ class SqliteStore:
 
     def items_release(self, params: LeaseParams) -> int:
         with self._tx() as conn:
-            cur = conn.execute(
+            rows = conn.execute(
                 Q["items_release"], {"ids": json.dumps(list(params.ids)),
                                      "token": params.lease_token}
-            )
-            return int(cur.rowcount)
+            ).fetchall()
+            _count(conn, params.run_id, common.Tally.moves(
+                (r[0] for r in rows), "claimed", "pending"))
+            return len(rows)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         with self._tx() as conn:
             rows = json.dumps(common.finish_rows(params.finishes))
-            applied = {int(r[0]) for r in conn.execute(Q["items_finish_if_leased"], {"rows": rows})}
+            found = conn.execute(Q["items_finish_if_leased"], {"rows": rows}).fetchall()
+            applied = {int(r[0]) for r in found}
             plan = common.plan_after_finish(params, applied)
-            self._write_plan(conn, params.run_id, plan)
+            self._write_plan(conn, params.run_id, plan, found, "claimed")
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
@@ -258,6 +277,8 @@ class SqliteStore:
                  "stage": params.stage, "limit": params.limit},
             ).fetchall()
             items = sorted((_item(r) for r in rows), key=lambda i: i.id)
+            for run_id, tally in common.reclaim_tallies(items, params.to_state).items():
+                _count(conn, run_id, tally)
             if items:
                 conn.executemany(
                     Q["events_add"], [common.event_params(e) for e in common.reclaim_events(
@@ -271,26 +292,35 @@ class SqliteStore:
     def items_settle(self, params: SettleParams) -> FinishResult:
         with self._tx() as conn:
             rows = json.dumps(common.settle_rows(params.settles))
-            applied = {int(r[0]) for r in conn.execute(
+            found = conn.execute(
                 Q["items_settle"], {"rows": rows, "from_state": params.from_state,
-                                    "run_id": params.run_id})}
+                                    "run_id": params.run_id}).fetchall()
+            applied = {int(r[0]) for r in found}
             plan = common.plan_after_settle(params, applied)
-            self._write_plan(conn, params.run_id, plan)
+            self._write_plan(conn, params.run_id, plan, found, params.from_state)
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
-    def _write_plan(self, conn: sqlite3.Connection, run_id: int, plan: common.FinishPlan) -> None:
+    def _write_plan(self, conn: sqlite3.Connection, run_id: int, plan: common.FinishPlan,
+                    moved: Sequence[sqlite3.Row], from_state: str) -> None:
+        """What a finish or a settle writes besides the items: hand-offs, counters, history.
+        ``moved`` holds the (id, stage) rows the guarded update changed."""
+        tally = common.Tally.of_moves(moved, plan.moved, from_state)
         if plan.handoffs:
-            conn.execute(Q["items_handoff"], {"rows": json.dumps(plan.handoffs)})
+            for (stage,) in conn.execute(Q["items_handoff"],
+                                         {"rows": json.dumps(plan.handoffs)}).fetchall():
+                tally.add(stage, "pending")
         row = conn.execute(Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
         if row is not None and row[0] is not None:
             # the run was cancelled while this chunk ran: a retry or a hand-off must not
             # leave a pending item behind in it
-            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
-            if n:
+            cancelled = conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall()
+            if cancelled:
+                tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
                 conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
-                                                  "skipped": n}).fetchone()
+                                                  "skipped": len(cancelled)}).fetchone()
         if plan.events:
             conn.executemany(Q["events_add"], [common.event_params(e) for e in plan.events])
+        _count(conn, run_id, tally)
 
     def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
         rows = self._read(Q["items_keys"], {"run_id": run_id, "stage": stage, "lo": lo, "hi": hi})
@@ -325,11 +355,14 @@ class SqliteStore:
         with self._tx() as conn:
             if conn.execute(Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
                 return -1
-            n = len(conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall())
+            cancelled = conn.execute(Q["items_cancel_pending"], {"run_id": run_id}).fetchall()
+            n = len(cancelled)
             conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
                                               "skipped": n}).fetchone()
             conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                            note=note, items=n))
+            _count(conn, run_id, common.Tally.moves((r[1] for r in cancelled), "pending",
+                                                    "skipped"))
         return n
 
     def run_reconcile(
@@ -343,18 +376,20 @@ class SqliteStore:
             if locked is None:
                 raise UnknownRun(f"no run {run_id}")
             run = _run(locked)
-            counts: dict[str, dict[str, int]] = {}
-            for stage, state, n in conn.execute(Q["run_counts"], {"run_id": run_id}):
-                counts.setdefault(stage, {})[state] = int(n)
+            counts = common.counts_of(conn.execute(Q["run_counts_ledger"], {"run_id": run_id}))
+            stored_counts = common.counts_of(conn.execute(Q["run_counts"], {"run_id": run_id}))
             derived = derive(run, counts)
             stored = common.projection_of(run)
-            fix = repair and stored != derived
+            fix = repair and (stored != derived or stored_counts != counts)
             if fix:
                 conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
-                conn.execute(Q["events_add"], common.run_event(
-                    run_id, "reconciled", actor, stored=vars(stored), derived=vars(derived)))
+                conn.execute(Q["counts_clear"], {"run_id": run_id})
+                conn.executemany(Q["counts_add"], common.count_rows(run_id, counts))
+                conn.execute(Q["events_add"], common.reconcile_event(
+                    run_id, actor, stored, derived, stored_counts, counts))
                 common.failpoint("reconcile.before_commit")
-        return Reconciled(stored=stored, derived=derived, repaired=fix)
+        return Reconciled(stored=stored, derived=derived, repaired=fix,
+                          stored_counts=stored_counts, ledger_counts=counts)
 
     def outlook(self, run_ids: Sequence[int]) -> Outlook:
         row = self._read(Q["outlook"], {"run_ids": json.dumps(list(run_ids))})[0]
@@ -374,6 +409,12 @@ class SqliteStore:
                      detail=common.loads(r["detail"]))
             for r in rows
         ]
+
+
+def _count(conn: sqlite3.Connection, run_id: int, tally: common.Tally) -> None:
+    rows = tally.rows(run_id)
+    if rows:
+        conn.executemany(Q["counts_add"], rows)
 
 
 def _ts(value: str | None) -> str | None:

@@ -21,10 +21,12 @@ SELECT * FROM wl_runs ORDER BY id DESC LIMIT %(limit)s;
 UPDATE wl_runs SET
     decomposed_at = COALESCE(decomposed_at, now()),
     error = NULL,
-    total = (SELECT count(*) FROM wl_items WHERE run_id = %(run_id)s AND stage = %(stage)s),
-    skipped = (SELECT count(*) FROM wl_items WHERE run_id = %(run_id)s AND state = 'skipped'),
+    total = (SELECT COALESCE(sum(n), 0) FROM wl_stage_counts
+             WHERE run_id = %(run_id)s AND stage = %(stage)s),
+    skipped = (SELECT COALESCE(sum(n), 0) FROM wl_stage_counts
+               WHERE run_id = %(run_id)s AND state = 'skipped'),
     completed_at = CASE
-        WHEN NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
+        WHEN NOT EXISTS (SELECT 1 FROM wl_stage_counts WHERE run_id = %(run_id)s AND n > 0
                          AND state NOT IN ('processed', 'failed', 'skipped'))
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
@@ -41,8 +43,34 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY id;
 
 -- name: run_counts
+-- The projection: a few rows per run, however many items it has.
+SELECT stage, state, n FROM wl_stage_counts WHERE run_id = %(run_id)s AND n <> 0
+ORDER BY min(id) OVER (PARTITION BY stage), id;
+
+-- name: run_counts_ledger
+-- The authority: the same counts from the items themselves (reconcile).
 SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = %(run_id)s
 GROUP BY stage, state ORDER BY min(id);
+
+-- name: counts_add
+-- One row per (stage, state) a transaction moved, sorted, as the transaction's last statement:
+-- every transaction takes these hot rows in the same order, after all its other locks.
+INSERT INTO wl_stage_counts (run_id, stage, state, n)
+SELECT %(run_id)s, c.stage, c.state, c.n
+FROM unnest(%(stages)s::text[], %(states)s::text[], %(ns)s::bigint[]) AS c (stage, state, n)
+ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
+
+-- name: counts_clear
+DELETE FROM wl_stage_counts WHERE run_id = %(run_id)s;
+
+-- name: run_waits
+-- Expired leases and retries not yet due, for status: both walk a small partial index.
+SELECT
+    (SELECT count(*) FROM wl_items
+     WHERE state = 'claimed' AND lease_until < now() AND run_id = %(run_id)s) AS expired,
+    (SELECT count(*) FROM wl_items
+     WHERE run_id = %(run_id)s AND state = 'pending' AND not_before IS NOT NULL
+       AND not_before > now()) AS waiting;
 
 -- name: run_add_units
 UPDATE wl_runs SET
@@ -103,7 +131,8 @@ WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'clai
 
 -- name: items_release
 UPDATE wl_items SET state = 'pending', lease_until = NULL, updated_at = now()
-WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed';
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+RETURNING stage;
 
 -- name: items_finish_if_leased
 -- The fenced completion of a chunk: a row changes only while it is still claimed under the token
@@ -121,7 +150,7 @@ FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[], %(states)b::text[], %(resul
             %(errors)b::text[], %(delays)b::float8[], %(charges)b::int[])
      AS f (id, token, state, result, error, delay, charge)
 WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
-RETURNING wl_items.id;
+RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_handoff
 INSERT INTO wl_items (run_id, stage, seq, key, data)
@@ -129,7 +158,8 @@ SELECT i.run_id, h.stage, i.seq, i.key, i.data
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
 JOIN wl_items AS i ON i.id = h.id
 WHERE i.id = ANY (%(ids)s::bigint[])  -- lets the planner fetch by primary key, never scan
-ON CONFLICT (run_id, stage, seq) DO NOTHING;
+ON CONFLICT (run_id, stage, seq) DO NOTHING
+RETURNING stage;
 
 -- name: items_list
 SELECT * FROM wl_items
@@ -200,7 +230,7 @@ FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(results)s::text[], %(errors
             %(delays)s::float8[], %(resets)s::boolean[])
      AS f (id, state, result, error, delay, reset)
 WHERE wl_items.id = f.id AND wl_items.state = %(from_state)s AND wl_items.run_id = %(run_id)s
-RETURNING wl_items.id;
+RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_keys
 SELECT seq, key FROM wl_items
@@ -247,7 +277,7 @@ RETURNING id;
 -- name: items_cancel_pending
 UPDATE wl_items SET state = 'skipped', error = 'cancelled', updated_at = now()
 WHERE run_id = %(run_id)s AND state = 'pending'
-RETURNING id;
+RETURNING id, stage;
 
 -- name: run_lock
 -- Reconcile holds the run row while it counts, so no completion's counter update lands in between.

@@ -19,10 +19,12 @@ SELECT * FROM wl_runs ORDER BY id DESC LIMIT :limit;
 UPDATE wl_runs SET
     decomposed_at = COALESCE(decomposed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')),
     error = NULL,
-    total = (SELECT count(*) FROM wl_items WHERE run_id = :run_id AND stage = :stage),
-    skipped = (SELECT count(*) FROM wl_items WHERE run_id = :run_id AND state = 'skipped'),
+    total = (SELECT COALESCE(sum(n), 0) FROM wl_stage_counts
+             WHERE run_id = :run_id AND stage = :stage),
+    skipped = (SELECT COALESCE(sum(n), 0) FROM wl_stage_counts
+               WHERE run_id = :run_id AND state = 'skipped'),
     completed_at = CASE
-        WHEN NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id
+        WHEN NOT EXISTS (SELECT 1 FROM wl_stage_counts WHERE run_id = :run_id AND n > 0
                          AND state NOT IN ('processed', 'failed', 'skipped'))
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id
@@ -39,8 +41,33 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY id;
 
 -- name: run_counts
+-- The projection: a few rows per run, however many items it has.
+SELECT stage, state, n FROM wl_stage_counts WHERE run_id = :run_id AND n <> 0
+ORDER BY (SELECT min(id) FROM wl_stage_counts AS c
+          WHERE c.run_id = wl_stage_counts.run_id AND c.stage = wl_stage_counts.stage), id;
+
+-- name: run_counts_ledger
+-- The authority: the same counts from the items themselves (reconcile).
 SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = :run_id
 GROUP BY stage, state ORDER BY min(id);
+
+-- name: counts_add
+-- One row per (stage, state) a transaction moved, in sorted order, as its last statement.
+INSERT INTO wl_stage_counts (run_id, stage, state, n) VALUES (?, ?, ?, ?)
+ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
+
+-- name: counts_clear
+DELETE FROM wl_stage_counts WHERE run_id = :run_id;
+
+-- name: run_waits
+-- Expired leases and retries not yet due, for status: both walk a small partial index.
+SELECT
+    (SELECT count(*) FROM wl_items INDEXED BY wl_items_leased
+     WHERE state = 'claimed' AND lease_until < now.t AND run_id = :run_id),
+    (SELECT count(*) FROM wl_items INDEXED BY wl_items_waiting
+     WHERE run_id = :run_id AND state = 'pending' AND not_before IS NOT NULL
+       AND not_before > now.t)
+FROM (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now;
 
 -- name: run_add_units
 UPDATE wl_runs SET
@@ -91,7 +118,8 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND sta
 -- name: items_release
 UPDATE wl_items SET state = 'pending', lease_until = NULL,
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
-WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed';
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed'
+RETURNING stage;
 
 -- name: items_finish_if_leased
 UPDATE wl_items SET
@@ -109,14 +137,15 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS t
              json_extract(value, '$[6]') AS charge
       FROM json_each(:rows)) AS f
 WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
-RETURNING wl_items.id;
+RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_handoff
 INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
 WHERE true
-ON CONFLICT (run_id, stage, seq) DO NOTHING;
+ON CONFLICT (run_id, stage, seq) DO NOTHING
+RETURNING stage;
 
 -- name: items_list
 SELECT * FROM wl_items
@@ -176,7 +205,7 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS s
              json_extract(value, '$[4]') AS delay, json_extract(value, '$[5]') AS reset
       FROM json_each(:rows)) AS f
 WHERE wl_items.id = f.id AND wl_items.state = :from_state AND wl_items.run_id = :run_id
-RETURNING wl_items.id;
+RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_keys
 SELECT seq, key FROM wl_items
@@ -224,7 +253,7 @@ RETURNING id;
 UPDATE wl_items SET state = 'skipped', error = 'cancelled',
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE run_id = :run_id AND state = 'pending'
-RETURNING id;
+RETURNING id, stage;
 
 -- name: run_lock
 SELECT * FROM wl_runs WHERE id = :run_id;
