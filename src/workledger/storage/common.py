@@ -11,6 +11,7 @@ from workledger import failpoints
 from workledger.core.status import count_differences
 from workledger.storage.port import (
     ClaimedItem,
+    Finish,
     FinishParams,
     ItemRow,
     NewEvent,
@@ -91,6 +92,58 @@ class Tally:
         for item_id, stage in changed:
             tally.move(stage, from_state, to_state[int(item_id)])
         return tally
+
+
+# A chunk's outcomes usually share one shape (same state, result, error, delay): then a guarded
+# UPDATE per shape with an id list is about three times cheaper than one UPDATE joined to a row
+# set with a value per column per row.
+GroupKey = tuple[int, str, str | None, str | None, float | None, int, str | None, str | None]
+
+
+def finish_groups(finishes: Sequence[Finish], most: int) -> dict[GroupKey, list[int]] | None:
+    """``{shape: [ids]}`` for up to ``most`` shapes, or None (more shapes, or any event)."""
+    groups: dict[GroupKey, list[int]] = {}
+    for f in finishes:
+        if f.event is not None:
+            return None
+        key = f[1:9]  # lease_token, state, result, error, delay, charge, unit, next_stage
+        ids = groups.get(key)
+        if ids is None:
+            if len(groups) == most:
+                return None
+            groups[key] = ids = []
+        ids.append(f.id)
+    return groups
+
+
+def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
+                      found: dict[GroupKey, list[tuple[int, str]]]) -> tuple[FinishPlan, Tally]:
+    """``plan_after_finish`` for grouped outcomes: per shape, not per item, when all applied.
+    ``found`` holds the (id, stage) rows each shape's guarded update changed."""
+    plan = FinishPlan()
+    tally = Tally()
+    for key, ids in groups.items():
+        rows = found[key]
+        state, unit, next_stage = key[1], key[6], key[7]
+        if len(rows) != len(ids):
+            done = {r[0] for r in rows}
+            for i in ids:
+                if i not in done:
+                    plan.stale.append(i)
+                    plan.events.append(NewEvent(
+                        run_id=params.run_id, item_id=i, kind="stale_result", lease_token=key[0],
+                        actor=params.actor,
+                        detail=json.dumps({"discarded_state": state, "error": key[3]})))
+        if unit:
+            plan.units[unit] += len(rows)
+        if next_stage:
+            plan.handoffs.extend([r[0], next_stage] for r in rows)
+        per_stage: dict[str, int] = {}
+        for _id, stage in rows:
+            per_stage[stage] = per_stage.get(stage, 0) + 1
+        for stage, n in per_stage.items():
+            tally.move(stage, "claimed", state, n)
+    return plan, tally
 
 
 def reclaim_tallies(items: Iterable[ItemRow], to_state: str) -> dict[int, Tally]:

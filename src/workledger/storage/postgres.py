@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 
 from workledger.errors import DatabaseUnavailable, StorageError, UnknownRun
 from workledger.storage import common
@@ -334,10 +334,23 @@ class PostgresStore:
         columns = _columns(common.finish_rows(params.finishes),
                            ("ids", "tokens", "states", "results", "errors", "delays", "charges"))
         with self._tx() as conn:
-            found = conn.execute(Q["items_finish_if_leased"], columns).fetchall()
-            applied = {int(r["id"]) for r in found}
-            plan = common.plan_after_finish(params, applied)
-            _write_plan(conn, params.run_id, plan, found, "claimed")
+            groups = common.finish_groups(params.finishes, 1)
+            if groups is None:
+                found = conn.execute(Q["items_finish_if_leased"], columns).fetchall()
+                applied = {int(r["id"]) for r in found}
+                plan = common.plan_after_finish(params, applied)
+                tally = common.Tally.of_moves(((r["id"], r["stage"]) for r in found),
+                                              plan.moved, "claimed")
+            else:
+                # one shape (most chunks): one UPDATE over the sorted id array
+                ((key, ids),) = groups.items()
+                with conn.cursor(row_factory=tuple_row) as cur:
+                    rows = cur.execute(Q["items_finish_group"], {
+                        "token": key[0], "state": key[1], "result": key[2], "error": key[3],
+                        "delay": key[4], "charge": key[5], "ids": sorted(ids)}).fetchall()
+                plan, tally = common.plan_after_groups(params, groups, {key: rows})
+                applied = {r[0] for r in rows}
+            _write_plan(conn, params.run_id, plan, tally)
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
@@ -353,7 +366,8 @@ class PostgresStore:
             found = conn.execute(Q["items_settle"], columns).fetchall()
             applied = {int(r["id"]) for r in found}
             plan = common.plan_after_settle(params, applied)
-            _write_plan(conn, params.run_id, plan, found, params.from_state)
+            _write_plan(conn, params.run_id, plan, common.Tally.of_moves(
+                ((r["id"], r["stage"]) for r in found), plan.moved, params.from_state))
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
     def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
@@ -461,13 +475,10 @@ def _columns(rows: list[list[Any]], names: Sequence[str]) -> dict[str, list[Any]
     return columns
 
 
-def _write_plan(conn: Conn, run_id: int, plan: common.FinishPlan, moved: Sequence[DictRow],
-                from_state: str) -> None:
+def _write_plan(conn: Conn, run_id: int, plan: common.FinishPlan, tally: common.Tally) -> None:
     """What a finish or a settle writes besides the items: hand-offs, counters, history.
-    ``moved`` holds the (id, stage) rows the guarded update changed. The stage counts go
-    last: they are the rows every transaction of the run touches."""
-    tally = common.Tally.of_moves(((r["id"], r["stage"]) for r in moved), plan.moved,
-                                  from_state)
+    ``tally`` holds the count moves of the guarded update itself. The stage counts go last:
+    they are the rows every transaction of the run touches."""
     if plan.handoffs:
         for r in conn.execute(Q["items_handoff"], {"ids": [h[0] for h in plan.handoffs],
                                                    "stages": [h[1] for h in plan.handoffs]}):

@@ -37,6 +37,7 @@ from workledger.storage.port import (
 from workledger.storage.queries import migrations, queries
 
 MIN_VERSION = (3, 35, 0)
+FINISH_SHAPES = 4  # up to this many distinct outcomes in a chunk: one guarded UPDATE each
 Q = queries("sqlite")
 
 
@@ -250,11 +251,21 @@ class SqliteStore:
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         with self._tx() as conn:
-            rows = json.dumps(common.finish_rows(params.finishes))
-            found = conn.execute(Q["items_finish_if_leased"], {"rows": rows}).fetchall()
-            applied = {int(r[0]) for r in found}
-            plan = common.plan_after_finish(params, applied)
-            self._write_plan(conn, params.run_id, plan, found, "claimed")
+            groups = common.finish_groups(params.finishes, FINISH_SHAPES)
+            if groups is None:
+                rows = json.dumps(common.finish_rows(params.finishes))
+                found = conn.execute(Q["items_finish_if_leased"], {"rows": rows}).fetchall()
+                applied = {int(r[0]) for r in found}
+                plan = common.plan_after_finish(params, applied)
+                tally = common.Tally.of_moves(found, plan.moved, "claimed")
+            else:
+                by_group = {key: _tuples(conn, Q["items_finish_group"], {
+                    "token": key[0], "state": key[1], "result": key[2], "error": key[3],
+                    "delay": key[4], "charge": key[5], "ids": json.dumps(ids)})
+                    for key, ids in groups.items()}
+                plan, tally = common.plan_after_groups(params, groups, by_group)
+                applied = {r[0] for rows in by_group.values() for r in rows}
+            self._write_plan(conn, params.run_id, plan, tally)
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
@@ -297,14 +308,14 @@ class SqliteStore:
                                     "run_id": params.run_id}).fetchall()
             applied = {int(r[0]) for r in found}
             plan = common.plan_after_settle(params, applied)
-            self._write_plan(conn, params.run_id, plan, found, params.from_state)
+            self._write_plan(conn, params.run_id, plan,
+                             common.Tally.of_moves(found, plan.moved, params.from_state))
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
     def _write_plan(self, conn: sqlite3.Connection, run_id: int, plan: common.FinishPlan,
-                    moved: Sequence[sqlite3.Row], from_state: str) -> None:
+                    tally: common.Tally) -> None:
         """What a finish or a settle writes besides the items: hand-offs, counters, history.
-        ``moved`` holds the (id, stage) rows the guarded update changed."""
-        tally = common.Tally.of_moves(moved, plan.moved, from_state)
+        ``tally`` holds the count moves of the guarded update itself."""
         if plan.handoffs:
             for (stage,) in conn.execute(Q["items_handoff"],
                                          {"rows": json.dumps(plan.handoffs)}).fetchall():
@@ -409,6 +420,13 @@ class SqliteStore:
                      detail=common.loads(r["detail"]))
             for r in rows
         ]
+
+
+def _tuples(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    """Plain tuples, not sqlite3.Row: cheaper where a statement returns a row per item."""
+    cur = conn.cursor()
+    cur.row_factory = None
+    return cur.execute(sql, params).fetchall()
 
 
 def _count(conn: sqlite3.Connection, run_id: int, tally: common.Tally) -> None:

@@ -152,6 +152,21 @@ FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[], %(states)b::text[], %(resul
 WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
 RETURNING wl_items.id, wl_items.stage;
 
+-- name: items_finish_group
+-- The same fenced completion for items that share one outcome (most chunks): an id array and
+-- one value per column. Used for a single shape per chunk, so rows lock in id order.
+UPDATE wl_items SET
+    state = %(state)s,
+    result = %(result)s::jsonb,
+    error = %(error)s,
+    attempts = attempts + %(charge)s,
+    lease_until = NULL,
+    not_before = CASE WHEN %(delay)s::float8 IS NULL THEN NULL
+                 ELSE now() + make_interval(secs => %(delay)s::float8) END,
+    updated_at = now()
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+RETURNING id, stage;
+
 -- name: items_handoff
 INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, h.stage, i.seq, i.key, i.data

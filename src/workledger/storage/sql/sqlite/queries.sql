@@ -139,6 +139,21 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS t
 WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
 RETURNING wl_items.id, wl_items.stage;
 
+-- name: items_finish_group
+-- The same fenced completion for items that share one outcome (most chunks): an id list and
+-- one value per column, instead of a value per column per row.
+UPDATE wl_items SET
+    state = :state,
+    result = :result,
+    error = :error,
+    attempts = attempts + :charge,
+    lease_until = NULL,
+    not_before = CASE WHEN :delay IS NULL THEN NULL
+                 ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || :delay || ' seconds') END,
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed'
+RETURNING id, stage;
+
 -- name: items_handoff
 INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data
