@@ -43,6 +43,9 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
             "ids": ids, "tokens": [1] * 100, "states": ["processed"] * 100,
             "results": [None] * 100, "errors": [None] * 100, "delays": [None] * 100,
             "charges": [1] * 100},
+        "items_finish_group": {
+            "ids": ids, "token": 1, "state": "processed", "result": None, "error": None,
+            "delay": None, "charge": 1},
         "items_heartbeat": {"ids": ids, "token": 1, "lease": 30.0},
         "items_handoff": {"ids": ids, "stages": ["next"] * 100},
         "run_counts": {"run_id": run_id},
@@ -61,6 +64,10 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
 def test_postgres_hot_statements_never_scan_the_items_table(pg_url: str) -> None:
     plans = _pg_plans(pg_url, _ledger_with_finished_rows(pg_url))
     assert "wl_items_claimable" in plans["items_claim"], plans["items_claim"]
+    # a chunk's statements fetch its rows by primary key, however many rows are claimed
+    for name in ("items_finish_group", "items_finish_if_leased", "items_heartbeat"):
+        assert "wl_items_pkey" in plans[name], f"{name}:\n{plans[name]}"
+        assert "wl_items_leased" not in plans[name], f"{name}:\n{plans[name]}"
     assert "wl_items_leased" in plans["run_waits"], plans["run_waits"]
     assert "wl_items_waiting" in plans["run_waits"], plans["run_waits"]
     assert "wl_items" not in plans["run_counts"].replace("wl_stage_counts", ""), plans["run_counts"]

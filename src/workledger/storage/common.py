@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from workledger import failpoints
@@ -77,11 +79,8 @@ class Tally:
     @classmethod
     def moves(cls, stages: Iterable[str], old: str, new: str) -> Tally:
         """One item moved ``old -> new`` per stage given (one stage per changed row)."""
-        per_stage: dict[str, int] = {}
-        for stage in stages:
-            per_stage[stage] = per_stage.get(stage, 0) + 1
         tally = cls()
-        for stage, n in per_stage.items():
+        for stage, n in Counter(stages).items():  # counted in C: one stage per item
             tally.move(stage, old, new, n)
         return tally
 
@@ -138,10 +137,7 @@ def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
             plan.units[unit] += len(rows)
         if next_stage:
             plan.handoffs.extend([r[0], next_stage] for r in rows)
-        per_stage: dict[str, int] = {}
-        for _id, stage in rows:
-            per_stage[stage] = per_stage.get(stage, 0) + 1
-        for stage, n in per_stage.items():
+        for stage, n in Counter(map(itemgetter(1), rows)).items():
             tally.move(stage, "claimed", state, n)
     return plan, tally
 
@@ -246,6 +242,19 @@ def plan_after_finish(params: FinishParams, applied: set[int]) -> FinishPlan:
 def event_params(e: NewEvent) -> dict[str, Any]:
     return {"run_id": e.run_id, "item_id": e.item_id, "kind": e.kind,
             "lease_token": e.lease_token, "actor": e.actor, "detail": e.detail}
+
+
+def claimed_items(rows: Sequence[Any], decode: bool) -> list[ClaimedItem]:
+    """Claim rows (plain tuples in ClaimedItem's order) to ClaimedItems sorted by id;
+    ``decode``: ``data`` arrives as JSON text (SQLite), not already decoded (PostgreSQL)."""
+    make = ClaimedItem._make
+    if decode:
+        items = [make(r) if r[5] is None else make(r[:5] + (json.loads(r[5]),) + r[6:])
+                 for r in rows]
+    else:
+        items = list(map(make, rows))
+    items.sort(key=itemgetter(0))
+    return items
 
 
 def claim_events(items: Iterable[ClaimedItem], actor: str) -> list[dict[str, Any]]:

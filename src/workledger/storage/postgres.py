@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -291,17 +292,16 @@ class PostgresStore:
 
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
         with self._tx() as conn:
-            rows = conn.execute(
-                Q["items_claim"],
-                {"lease": float(params.lease_seconds), "run_id": params.run_id,
-                 "after_id": params.after_id, "limit": params.limit},
-            ).fetchall()
-            claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
+            with conn.cursor(row_factory=tuple_row) as cur:
+                rows = cur.execute(Q["items_claim"], {
+                    "lease": float(params.lease_seconds), "run_id": params.run_id,
+                    "after_id": params.after_id, "limit": params.limit}).fetchall()
+            claimed = common.claimed_items(rows, decode=False)
             if params.record_event and claimed:
                 _many(conn, Q["events_add"], common.claim_events(claimed, params.actor))
             if claimed:
                 _count(conn, params.run_id, common.Tally.moves(
-                    (c.stage for c in claimed), "pending", "claimed"))
+                    map(itemgetter(2), rows), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -531,13 +531,6 @@ def _run(r: DictRow) -> RunRow:
         completed_at=_ts(r["completed_at"]), paused_at=_ts(r["paused_at"]),
         cancelled_at=_ts(r["cancelled_at"]), error=r["error"], total=r["total"],
         processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
-    )
-
-
-def _claimed(r: DictRow) -> ClaimedItem:
-    return ClaimedItem(
-        id=r["id"], run_id=r["run_id"], stage=r["stage"], seq=r["seq"], key=r["key"],
-        data=r["data"], attempts=r["attempts"], lease_token=r["lease_token"], error=r["error"],
     )
 
 

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -208,17 +209,15 @@ class SqliteStore:
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
         with self._tx() as conn:
             token = int(conn.execute(Q["lease_token_next"]).fetchone()[0])
-            rows = conn.execute(
-                Q["items_claim"],
-                {"token": token, "lease": _lease(params.lease_seconds), "run_id": params.run_id,
-                 "after_id": params.after_id, "limit": params.limit},
-            ).fetchall()
-            claimed = sorted((_claimed(r) for r in rows), key=lambda c: c.id)
+            rows = _tuples(conn, Q["items_claim"], {
+                "token": token, "lease": _lease(params.lease_seconds), "run_id": params.run_id,
+                "after_id": params.after_id, "limit": params.limit})
+            claimed = common.claimed_items(rows, decode=True)
             if params.record_event and claimed:
                 conn.executemany(Q["events_add"], common.claim_events(claimed, params.actor))
             if claimed:
                 _count(conn, params.run_id, common.Tally.moves(
-                    (c.stage for c in claimed), "pending", "claimed"))
+                    map(itemgetter(2), rows), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -454,13 +453,6 @@ def _run(r: sqlite3.Row) -> RunRow:
         paused_at=_ts(r["paused_at"]), cancelled_at=_ts(r["cancelled_at"]), error=r["error"],
         total=r["total"], processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
     )
-
-
-def _claimed(r: sqlite3.Row) -> ClaimedItem:
-    # by position (the RETURNING order is ClaimedItem's): the hot path makes one per item
-    data = r[5]
-    return ClaimedItem(r[0], r[1], r[2], r[3], r[4], None if data is None else json.loads(data),
-                       r[6], r[7], r[8])
 
 
 def _item(r: sqlite3.Row) -> ItemRow:

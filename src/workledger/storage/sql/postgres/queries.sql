@@ -122,16 +122,16 @@ RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.k
 
 -- name: items_mark_started
 UPDATE wl_items SET attempts = attempts + 1, updated_at = now()
-WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed'
 RETURNING id;
 
 -- name: items_heartbeat
 UPDATE wl_items SET lease_until = now() + make_interval(secs => %(lease)s::float8)
-WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed';
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed';
 
 -- name: items_release
 UPDATE wl_items SET state = 'pending', lease_until = NULL, updated_at = now()
-WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed'
 RETURNING stage;
 
 -- name: items_finish_if_leased
@@ -149,12 +149,17 @@ UPDATE wl_items SET
 FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[], %(states)b::text[], %(results)b::text[],
             %(errors)b::text[], %(delays)b::float8[], %(charges)b::int[])
      AS f (id, token, state, result, error, delay, charge)
-WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state = 'claimed'
+WHERE wl_items.id = f.id AND wl_items.lease_token = f.token
+  AND wl_items.state COLLATE "C" = 'claimed'  -- by primary key: see items_finish_group
 RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_finish_group
 -- The same fenced completion for items that share one outcome (most chunks): an id array and
 -- one value per column. Used for a single shape per chunk, so rows lock in id order.
+-- The rows are fetched by primary key, never through wl_items_leased: with stale statistics the
+-- planner takes that index for small and walks every claimed row of every run (and, without
+-- vacuum, every row ever claimed). `state COLLATE "C"` is the same test, written so that it
+-- does not match the index's predicate.
 UPDATE wl_items SET
     state = %(state)s,
     result = %(result)s::jsonb,
@@ -164,7 +169,8 @@ UPDATE wl_items SET
     not_before = CASE WHEN %(delay)s::float8 IS NULL THEN NULL
                  ELSE now() + make_interval(secs => %(delay)s::float8) END,
     updated_at = now()
-WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state = 'claimed'
+WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s
+  AND state COLLATE "C" = 'claimed'
 RETURNING id, stage;
 
 -- name: items_handoff
