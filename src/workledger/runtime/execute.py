@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from workledger.core.outcomes import (
     Decision,
@@ -21,13 +20,15 @@ from workledger.core.text import Unstorable, json_text
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
+_PROCESSED_NONE = Processed(None)  # immutable: one shared value for every handler that returns None
+
 # Reason left on an item whose holder lost its lease; the next claimer runs it in isolation.
 LEASE_EXPIRED = "lease_expired"
 
 
-@dataclass(frozen=True)
-class ItemView:
-    """What a handler sees: identity and small data (fetch current data when you run)."""
+class ItemView(NamedTuple):
+    """What a handler sees: identity and small data (fetch current data when you run).
+    An immutable named tuple: one is made per execution."""
 
     id: int
     run_id: int
@@ -37,9 +38,9 @@ class ItemView:
     data: Any
 
 
-@dataclass(frozen=True)
-class Context:
-    """Per-execution facts. ``idempotency_key`` is stable across attempts: run/stage/seq."""
+class Context(NamedTuple):
+    """Per-execution facts. ``idempotency_key`` is stable across attempts: run/stage/seq.
+    An immutable named tuple: one is made per execution."""
 
     run_id: int
     job: str
@@ -72,7 +73,7 @@ def run_handler(
     except Exception as exc:  # a handler's failure is data, never a worker crash
         return outcome_of_exception(exc)
     if value is None:
-        return Processed(None)
+        return _PROCESSED_NONE
     try:
         return Processed(json_text(value))
     except Unstorable as exc:
