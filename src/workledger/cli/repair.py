@@ -141,8 +141,9 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
 @click.pass_obj
 def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool,
               as_json: bool) -> None:
-    """Derive RUN's counters (total, processed, failed, skipped, completion) from its items,
-    print each difference from the stored ones, and repair them unless --dry-run."""
+    """Derive RUN's counters (total, processed, failed, skipped, completion) and its
+    per-stage state counts (what status reads) from its items, print each difference from the
+    stored ones, and repair them unless --dry-run. Safe while workers run."""
     if (run_id is None) == (not every):
         raise UsageError("give a RUN or --all (not both)")
     ledger = settings.ledger()

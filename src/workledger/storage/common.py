@@ -17,6 +17,7 @@ from workledger.storage.port import (
     FinishParams,
     ItemRow,
     NewEvent,
+    NewItem,
     Outlook,
     Projection,
     ReclaimParams,
@@ -142,6 +143,24 @@ def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
     return plan, tally
 
 
+def seq_range(items: Sequence[NewItem]) -> dict[str, int]:
+    """``lo``/``hi`` (exclusive) around a batch's seqs, for ``items_keys``."""
+    seqs = [i.seq for i in items]
+    return {"lo": min(seqs), "hi": max(seqs) + 1}
+
+
+def inserted_tally(stage: str, items: Sequence[NewItem], present: set[int]) -> Tally:
+    """The rows an ``ON CONFLICT DO NOTHING`` insert of ``items`` added: each seq not already
+    ``present``, once (the first row of a seq given twice is the one inserted)."""
+    tally = Tally()
+    seen = set(present)
+    for i in items:
+        if i.seq not in seen:
+            seen.add(i.seq)
+            tally.add(stage, i.state)
+    return tally
+
+
 def reclaim_tallies(items: Iterable[ItemRow], to_state: str) -> dict[int, Tally]:
     """Expired leases moved ``claimed -> to_state``, per run (a reclaim spans runs)."""
     tallies: dict[int, Tally] = {}
@@ -150,10 +169,24 @@ def reclaim_tallies(items: Iterable[ItemRow], to_state: str) -> dict[int, Tally]
     return tallies
 
 
-def count_rows(run_id: int, counts: dict[str, dict[str, int]]) -> list[tuple[int, str, str, int]]:
-    """Counts as ``counts_add`` rows, stages in their given order (it becomes the stored one)."""
-    return [(run_id, stage, state, n) for stage, states in counts.items()
-            for state, n in sorted(states.items())]
+def compared_counts(rows: Iterable[Any]) -> tuple[dict[str, dict[str, int]],
+                                                   dict[str, dict[str, int]]]:
+    """``run_counts_compare`` rows to (the items' counts, the stored counts)."""
+    rows = [tuple(r) for r in rows]
+    ledger = counts_of(r[1:4] for r in rows if r[0] == "ledger")
+    stored = counts_of(r[1:4] for r in rows if r[0] == "stored")
+    return ledger, stored
+
+
+def count_repairs(run_id: int, stored: dict[str, dict[str, int]],
+                  ledger: dict[str, dict[str, int]]) -> list[tuple[int, str, str, int]]:
+    """``counts_add`` rows that move the stored counts onto the items' counts, sorted like
+    every other writer's (differences only: rows no writer holds stay untouched)."""
+    tally = Tally()
+    for key, (a, b) in count_differences(stored, ledger).items():
+        stage, _, state = key.rpartition(".")
+        tally.add(stage, state, b - a)
+    return tally.rows(run_id)
 
 
 def reconcile_event(run_id: int, actor: str, stored: Projection, derived: Projection,

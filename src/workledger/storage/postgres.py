@@ -230,25 +230,28 @@ class PostgresStore:
             n = len(cancelled)
             conn.execute(Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
                                               "skipped": n})
-            _count(conn, run_id, common.Tally.moves((r["stage"] for r in cancelled), "pending",
-                                                    "skipped"))
             conn.execute(Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                            note=note, items=n))
+            _count(conn, run_id, common.Tally.moves((r["stage"] for r in cancelled), "pending",
+                                                    "skipped"))
         return n
 
     def run_reconcile(
         self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
         repair: bool, actor: str,
     ) -> Reconciled:
-        # One transaction holding the run row (FOR UPDATE): every completion that moves a
-        # counter waits for it, so the counters and the items are compared at one moment.
+        # One transaction holding the run row and then the run's counter rows (FOR UPDATE, in
+        # the writers' order): a transaction that moves them waits, its item changes not yet
+        # visible. Items and counters are then read by one statement, from one snapshot.
         with self._tx() as conn:
             locked = conn.execute(Q["run_lock"], {"run_id": run_id}).fetchone()
             if locked is None:
                 raise UnknownRun(f"no run {run_id}")
             run = _run(locked)
-            counts = _counts(conn.execute(Q["run_counts_ledger"], {"run_id": run_id}))
-            stored_counts = _counts(conn.execute(Q["run_counts"], {"run_id": run_id}))
+            conn.execute(Q["counts_lock"], {"run_id": run_id}).fetchall()
+            with conn.cursor(row_factory=tuple_row) as cur:
+                counts, stored_counts = common.compared_counts(
+                    cur.execute(Q["run_counts_compare"], {"run_id": run_id}).fetchall())
             derived = derive(run, counts)
             stored = common.projection_of(run)
             fix = repair and (stored != derived or stored_counts != counts)
@@ -256,8 +259,7 @@ class PostgresStore:
                 conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
                 conn.execute(Q["events_add"], common.reconcile_event(
                     run_id, actor, stored, derived, stored_counts, counts))
-                conn.execute(Q["counts_clear"], {"run_id": run_id})
-                _add_counts(conn, run_id, common.count_rows(run_id, counts))
+                _add_counts(conn, run_id, common.count_repairs(run_id, stored_counts, counts))
                 common.failpoint("reconcile.before_commit")
         return Reconciled(stored=stored, derived=derived, repaired=fix,
                           stored_counts=stored_counts, ledger_counts=counts)
@@ -279,14 +281,10 @@ class PostgresStore:
                               (DECOMPOSE_LOCK, params.run_id % 2**31))
                 # the rows already there (a re-decomposition) are not counted again
                 present = {r["seq"] for r in conn.execute(Q["items_keys"], {
-                    "run_id": params.run_id, "stage": params.stage, "lo": items[0].seq,
-                    "hi": items[-1].seq + 1})}
+                    "run_id": params.run_id, "stage": params.stage,
+                    **common.seq_range(items)})}
                 inserted = conn.execute(Q["items_insert"], columns).rowcount
-                tally = common.Tally()
-                for i in items:
-                    if i.seq not in present:
-                        tally.add(params.stage, i.state)
-                _count(conn, params.run_id, tally)
+                _count(conn, params.run_id, common.inserted_tally(params.stage, items, present))
         common.failpoint("decompose.after_batch")
         return inserted
 
@@ -331,11 +329,13 @@ class PostgresStore:
             return len(rows)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
-        columns = _columns(common.finish_rows(params.finishes),
-                           ("ids", "tokens", "states", "results", "errors", "delays", "charges"))
+        if not params.finishes:
+            return FinishResult(applied=[], stale=[])
         with self._tx() as conn:
             groups = common.finish_groups(params.finishes, 1)
             if groups is None:
+                columns = _columns(common.finish_rows(params.finishes), (
+                    "ids", "tokens", "states", "results", "errors", "delays", "charges"))
                 found = conn.execute(Q["items_finish_if_leased"], columns).fetchall()
                 applied = {int(r["id"]) for r in found}
                 plan = common.plan_after_finish(params, applied)

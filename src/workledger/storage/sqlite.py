@@ -193,16 +193,11 @@ class SqliteStore:
         with self._tx() as conn:
             # the rows already there (a re-decomposition) are not counted again
             present = {r[0] for r in conn.execute(Q["items_keys"], {
-                "run_id": params.run_id, "stage": params.stage, "lo": items[0].seq,
-                "hi": items[-1].seq + 1})}
+                "run_id": params.run_id, "stage": params.stage, **common.seq_range(items)})}
             before = conn.total_changes
             conn.executemany(Q["items_insert"], rows)
             inserted = conn.total_changes - before
-            tally = common.Tally()
-            for i in items:
-                if i.seq not in present:
-                    tally.add(params.stage, i.state)
-            _count(conn, params.run_id, tally)
+            _count(conn, params.run_id, common.inserted_tally(params.stage, items, present))
         common.failpoint("decompose.after_batch")
         return inserted
 
@@ -249,6 +244,8 @@ class SqliteStore:
             return len(rows)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
+        if not params.finishes:
+            return FinishResult(applied=[], stale=[])
         with self._tx() as conn:
             groups = common.finish_groups(params.finishes, FINISH_SHAPES)
             if groups is None:
@@ -386,17 +383,17 @@ class SqliteStore:
             if locked is None:
                 raise UnknownRun(f"no run {run_id}")
             run = _run(locked)
-            counts = common.counts_of(conn.execute(Q["run_counts_ledger"], {"run_id": run_id}))
-            stored_counts = common.counts_of(conn.execute(Q["run_counts"], {"run_id": run_id}))
+            conn.execute(Q["counts_lock"], {"run_id": run_id}).fetchall()  # as PostgreSQL
+            counts, stored_counts = common.compared_counts(
+                conn.execute(Q["run_counts_compare"], {"run_id": run_id}).fetchall())
             derived = derive(run, counts)
             stored = common.projection_of(run)
             fix = repair and (stored != derived or stored_counts != counts)
             if fix:
                 conn.execute(Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
-                conn.execute(Q["counts_clear"], {"run_id": run_id})
-                conn.executemany(Q["counts_add"], common.count_rows(run_id, counts))
                 conn.execute(Q["events_add"], common.reconcile_event(
                     run_id, actor, stored, derived, stored_counts, counts))
+                _count_rows(conn, common.count_repairs(run_id, stored_counts, counts))
                 common.failpoint("reconcile.before_commit")
         return Reconciled(stored=stored, derived=derived, repaired=fix,
                           stored_counts=stored_counts, ledger_counts=counts)
@@ -429,7 +426,10 @@ def _tuples(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[
 
 
 def _count(conn: sqlite3.Connection, run_id: int, tally: common.Tally) -> None:
-    rows = tally.rows(run_id)
+    _count_rows(conn, tally.rows(run_id))
+
+
+def _count_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, int]]) -> None:
     if rows:
         conn.executemany(Q["counts_add"], rows)
 

@@ -43,14 +43,30 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY id;
 
 -- name: run_counts
--- The projection: a few rows per run, however many items it has.
-SELECT stage, state, n FROM wl_stage_counts WHERE run_id = %(run_id)s AND n <> 0
-ORDER BY min(id) OVER (PARTITION BY stage), id;
+-- The projection: a few rows per run, however many items it has. Stages in the order they first
+-- appeared (the first row of each stage, counting rows whose n has dropped to 0).
+SELECT stage, state, n FROM (
+    SELECT stage, state, n, id, min(id) OVER (PARTITION BY stage) AS first
+    FROM wl_stage_counts WHERE run_id = %(run_id)s) AS c
+WHERE n <> 0
+ORDER BY first, id;
 
--- name: run_counts_ledger
--- The authority: the same counts from the items themselves (reconcile).
-SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = %(run_id)s
-GROUP BY stage, state ORDER BY min(id);
+-- name: run_counts_compare
+-- Reconcile: the items' counts (the authority) and the stored ones, read in one statement so
+-- both come from one snapshot.
+SELECT 'ledger' AS side, stage, state, count(*) AS n, min(id) AS first
+FROM wl_items WHERE run_id = %(run_id)s GROUP BY stage, state
+UNION ALL
+SELECT 'stored', stage, state, n, first FROM (
+    SELECT stage, state, n, id, min(id) OVER (PARTITION BY stage) AS first
+    FROM wl_stage_counts WHERE run_id = %(run_id)s) AS c
+WHERE n <> 0
+ORDER BY 1, 5, 2, 3;
+
+-- name: counts_lock
+-- Reconcile holds the run's counters, in the order every writer takes them, while it compares.
+SELECT stage, state FROM wl_stage_counts WHERE run_id = %(run_id)s
+ORDER BY stage COLLATE "C", state COLLATE "C" FOR UPDATE;
 
 -- name: counts_add
 -- One row per (stage, state) a transaction moved, sorted, as the transaction's last statement:
@@ -59,9 +75,6 @@ INSERT INTO wl_stage_counts (run_id, stage, state, n)
 SELECT %(run_id)s, c.stage, c.state, c.n
 FROM unnest(%(stages)s::text[], %(states)s::text[], %(ns)s::bigint[]) AS c (stage, state, n)
 ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
-
--- name: counts_clear
-DELETE FROM wl_stage_counts WHERE run_id = %(run_id)s;
 
 -- name: run_waits
 -- Expired leases and retries not yet due, for status: both walk a small partial index.

@@ -41,23 +41,35 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY id;
 
 -- name: run_counts
--- The projection: a few rows per run, however many items it has.
-SELECT stage, state, n FROM wl_stage_counts WHERE run_id = :run_id AND n <> 0
-ORDER BY (SELECT min(id) FROM wl_stage_counts AS c
-          WHERE c.run_id = wl_stage_counts.run_id AND c.stage = wl_stage_counts.stage), id;
+-- The projection: a few rows per run, however many items it has. Stages in the order they first
+-- appeared (the first row of each stage, counting rows whose n has dropped to 0).
+SELECT stage, state, n FROM (
+    SELECT stage, state, n, id, min(id) OVER (PARTITION BY stage) AS first
+    FROM wl_stage_counts WHERE run_id = :run_id) AS c
+WHERE n <> 0
+ORDER BY first, id;
 
--- name: run_counts_ledger
--- The authority: the same counts from the items themselves (reconcile).
-SELECT stage, state, count(*) AS n FROM wl_items WHERE run_id = :run_id
-GROUP BY stage, state ORDER BY min(id);
+-- name: run_counts_compare
+-- Reconcile: the items' counts (the authority) and the stored ones, read in one statement so
+-- both come from one snapshot.
+SELECT 'ledger' AS side, stage, state, count(*) AS n, min(id) AS first
+FROM wl_items WHERE run_id = :run_id GROUP BY stage, state
+UNION ALL
+SELECT 'stored', stage, state, n, first FROM (
+    SELECT stage, state, n, id, min(id) OVER (PARTITION BY stage) AS first
+    FROM wl_stage_counts WHERE run_id = :run_id) AS c
+WHERE n <> 0
+ORDER BY 1, 5, 2, 3;
+
+-- name: counts_lock
+-- Reconcile holds the run's counters, in the order every writer takes them, while it compares.
+SELECT stage, state FROM wl_stage_counts WHERE run_id = :run_id
+ORDER BY stage, state;
 
 -- name: counts_add
 -- One row per (stage, state) a transaction moved, in sorted order, as its last statement.
 INSERT INTO wl_stage_counts (run_id, stage, state, n) VALUES (?, ?, ?, ?)
 ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
-
--- name: counts_clear
-DELETE FROM wl_stage_counts WHERE run_id = :run_id;
 
 -- name: run_waits
 -- Expired leases and retries not yet due, for status: both walk a small partial index.
