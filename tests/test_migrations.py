@@ -35,6 +35,7 @@ PUBLIC_COLUMNS = {
         "processed",
         "failed",
         "skipped",
+        "tolerate",
     },
     "wl_items": {
         "id",

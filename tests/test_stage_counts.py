@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from workledger import Item, Ledger
+from workledger import Item, Ledger, Permanent
 from workledger.storage.port import ClaimParams, Finish, FinishParams
 
 pytestmark = pytest.mark.integration
@@ -80,3 +80,27 @@ def test_reconcile_while_a_worker_drains_finds_nothing_to_repair(db_url: str) ->
         final = operator.status(run_id)
     assert final.state == "completed" and final.processed == 3000
     assert checks >= 3
+
+
+def test_a_run_keeps_the_tolerance_it_was_submitted_under(db_url: str) -> None:
+    """status without the job definition (the CLI without --app) judges failures by the
+    tolerance recorded with the run (migration 0003), not by tolerance 0."""
+    with Ledger(db_url) as ledger:
+        job = ledger.job("lenient", tolerate=0.25)
+        job.decompose(lambda p: (Item(key=i) for i in range(p["n"])))
+
+        @job.stage("apply", idempotent=True)
+        def apply(item: object, ctx: object) -> None:
+            if getattr(item, "seq", 0) == 0:
+                raise Permanent("no such account")
+
+        run_id = job.submit({"n": 4}).run_id
+        ledger.work(concurrency=1, until_idle=True)
+        assert ledger.status(run_id).state == "completed_with_failures"
+    with Ledger(db_url) as bare:  # no job definitions loaded
+        status = bare.status(run_id)
+        assert (status.state, status.failed, status.processed) == (
+            "completed_with_failures", 1, 3)
+    with Ledger(db_url) as strict:  # a different definition does not rewrite the run's terms
+        strict.job("lenient", tolerate=0).decompose(lambda p: iter(()))
+        assert strict.status(run_id).state == "completed_with_failures"

@@ -165,7 +165,8 @@ class Ledger:
         job = self.job_named(job_name)
         job.check_ready()
         text = canonical_json(payload)
-        run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text))
+        run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text,
+                                                     float(job.tolerate)))
         if not created:
             if canonical_json(run.payload) != text:
                 raise PayloadMismatch(
@@ -309,7 +310,7 @@ class Ledger:
             error=run.error,
             expired_leases=expired,
             retries_waiting=waiting,
-            tolerate=job.tolerate if job else 0,
+            tolerate=_tolerance(run, job),
         )
         d = derive(facts)
         return RunStatus(
@@ -321,3 +322,11 @@ class Ledger:
             completed_at=None if run.completed_at is None else str(run.completed_at),
             error=run.error,
         )
+
+
+def _tolerance(run: RunRow, job: Job | None) -> float | int:
+    """The tolerance the run was submitted under; for runs older than migration 0003, the
+    loaded job definition's (0 without one)."""
+    if run.tolerate is not None:
+        return run.tolerate
+    return job.tolerate if job else 0

@@ -19,6 +19,7 @@ class NewRun:
     job: str
     idempotency_key: str
     payload: str  # canonical JSON text
+    tolerate: float | None = None  # failed units allowed: a count (>= 1) or a fraction (< 1)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RunRow:
     processed: int
     failed: int
     skipped: int
+    tolerate: float | None = None  # recorded at submit (migration 0003); None before it
 
 
 class NewItem(NamedTuple):

@@ -160,7 +160,8 @@ class PostgresStore:
     # -- runs ------------------------------------------------------------------------------
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
-        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload}
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
+                  "tolerate": new.tolerate}
         with self._tx() as conn:
             inserted = conn.execute(Q["run_insert"], params).fetchone()
             row = _first(conn.execute(Q["run_by_key"], params).fetchall())
@@ -531,6 +532,7 @@ def _run(r: DictRow) -> RunRow:
         completed_at=_ts(r["completed_at"]), paused_at=_ts(r["paused_at"]),
         cancelled_at=_ts(r["cancelled_at"]), error=r["error"], total=r["total"],
         processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
+        tolerate=r["tolerate"],
     )
 
 

@@ -137,7 +137,8 @@ class SqliteStore:
     # -- runs ------------------------------------------------------------------------------
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
-        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload}
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
+                  "tolerate": new.tolerate}
         with self._tx() as conn:
             inserted = conn.execute(Q["run_insert"], params).fetchone()
             row = conn.execute(Q["run_by_key"], params).fetchone()
@@ -452,6 +453,7 @@ def _run(r: sqlite3.Row) -> RunRow:
         decomposed_at=_ts(r["decomposed_at"]), completed_at=_ts(r["completed_at"]),
         paused_at=_ts(r["paused_at"]), cancelled_at=_ts(r["cancelled_at"]), error=r["error"],
         total=r["total"], processed=r["processed"], failed=r["failed"], skipped=r["skipped"],
+        tolerate=r["tolerate"],
     )
 
 

@@ -255,8 +255,7 @@ def _report(demo: Demo, created: bool) -> int:
         demo.console.print("CHECK FAILED: " + "; ".join(checks.problems), markup=False)
         return 1
     demo.console.print("nothing generated or sent twice", markup=False)
-    # --app: the job's tolerance of failures lives in its definition, not in the ledger
-    cmd = "workledger --app workledger.demos.payroll:ledger"
+    cmd = "workledger"
     if demo.url != "sqlite:///workledger.db":
         cmd += f" --db {display_url(demo.url)}"
     demo.console.print(f"look closer: {cmd} status {demo.run_id}\n"

@@ -4,7 +4,8 @@
 -- text and is cast to jsonb here; id lists arrive as arrays.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload) VALUES (%(job)s, %(key)s, %(payload)s::jsonb)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 

@@ -2,7 +2,8 @@
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', computed by the database.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload) VALUES (:job, :key, :payload)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
+VALUES (:job, :key, :payload, :tolerate)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
