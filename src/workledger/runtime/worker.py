@@ -11,9 +11,11 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from workledger.core.outcomes import Failed, Outcome
 from workledger.runtime.execute import LEASE_EXPIRED, run_handler, to_finish
@@ -233,11 +235,13 @@ class Worker:
     def _run_slice(self, job: Job, items: list[ClaimedItem]) -> list[Ran]:
         """Run items one after another; once the worker is stopping, leave the rest unstarted."""
         ran: list[Ran] = []
+        stage = None
         for item in items:
             if self._stop.is_set():
                 ran.append((item, None))
                 continue
-            stage = job.stage_named(item.stage)
+            if stage is None or stage.name != item.stage:  # a slice is mostly one stage
+                stage = job.stage_named(item.stage)
             ran.append((item, run_handler(job, stage, item, item.attempts + 1, self.worker_id)))
         return ran
 
@@ -311,13 +315,16 @@ class _Batch:
         finishes, self.finishes = self.finishes, []
         result = self.store.items_finish_if_leased(
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id))
-        applied = set(result.applied)
         report = self.worker.report
         report.stale += len(result.stale)
-        for f in finishes:
-            if f.id in applied:
-                report.by_state[f.state] = report.by_state.get(f.state, 0) + 1
-                if f.state == "pending":
-                    report.retried += 1
-                elif f.state in ("processed", "failed", "skipped"):
-                    setattr(report, f.state, getattr(report, f.state) + 1)
+        if len(result.applied) == len(finishes):  # the usual case: count states in C
+            states = Counter(map(itemgetter(2), finishes))
+        else:
+            applied = set(result.applied)
+            states = Counter(f.state for f in finishes if f.id in applied)
+        for state, n in states.items():
+            report.by_state[state] = report.by_state.get(state, 0) + n
+            if state == "pending":
+                report.retried += n
+            elif state in ("processed", "failed", "skipped"):
+                setattr(report, state, getattr(report, state) + n)
