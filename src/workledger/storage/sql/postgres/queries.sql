@@ -282,10 +282,11 @@ WHERE state = 'claimed' AND lease_until < now()
 ORDER BY lease_until LIMIT %(limit)s;
 
 -- name: runs_undecomposed
+-- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 SELECT * FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
-      < now() - make_interval(secs => %(grace)s::float8)
+      <= now() - make_interval(secs => %(grace)s::float8)
 ORDER BY id;
 
 -- name: runs_to_close

@@ -250,10 +250,11 @@ WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
 ORDER BY lease_until LIMIT :limit;
 
 -- name: runs_undecomposed
+-- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 SELECT * FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
-      < strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
+      <= strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
 ORDER BY id;
 
 -- name: runs_to_close
