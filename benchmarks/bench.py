@@ -426,11 +426,28 @@ def peak_rss_kib() -> int:
 
 
 class Probe:
-    """Something the parent runs in a thread while the workers drain (see StatusProbe)."""
+    """Something the parent runs in a thread while the workers drain: ``begin`` starts
+    ``_run`` at the start event, ``stop`` asks it to end and waits for it."""
 
-    def begin(self, t0: float) -> None: ...
+    name = "probe"
 
-    def stop(self) -> None: ...
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=120)
 
 
 def run_workers(fn_name: str, url: str, processes: int, chunk: int, timeout: float,
@@ -516,17 +533,14 @@ class StatusProbe(Probe):
     """Calls ``ledger.status(run)`` from the parent every ``every`` seconds while the workers
     drain (its own Ledger, opened in the probe thread before the first timed call)."""
 
+    name = "status-probe"
+
     def __init__(self, url: str, run_id: int, two_stage: bool = False,
                  every: float = STATUS_EVERY) -> None:
+        super().__init__()
         self.url, self.run_id, self.two_stage, self.every = url, run_id, two_stage, every
         self.samples: list[tuple[float, float]] = []  # (monotonic at the call, ms)
         self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def begin(self, t0: float) -> None:
-        self._thread = threading.Thread(target=self._run, name="status-probe", daemon=True)
-        self._thread.start()
 
     def _run(self) -> None:
         ledger = define(self.url, self.two_stage)
@@ -543,11 +557,6 @@ class StatusProbe(Probe):
         finally:
             ledger.close()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=120)
-
     def summary(self, until: float) -> dict[str, Any]:
         """The calls that started before ``until`` (the end of the drain)."""
         ms = [m for t, m in self.samples if t < until]
@@ -562,17 +571,12 @@ class FairnessProbe(Probe):
     """Submits a ``FAIR_ITEMS``-item run of the same job ``FAIR_AFTER`` s after the start
     event, polls it until complete, and then reads the big run's progress."""
 
+    name = "fairness"
+
     def __init__(self, url: str, big_run: int) -> None:
+        super().__init__()
         self.url, self.big_run = url, big_run
         self.result: dict[str, Any] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.t0 = 0.0
-
-    def begin(self, t0: float) -> None:
-        self.t0 = t0
-        self._thread = threading.Thread(target=self._run, name="fairness", daemon=True)
-        self._thread.start()
 
     def _run(self) -> None:
         ledger = define(self.url)
@@ -596,11 +600,6 @@ class FairnessProbe(Probe):
             self.result["fair_error"] = traceback.format_exc().strip().splitlines()[-1]
         finally:
             ledger.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=120)
 
 
 # =============================================================================================

@@ -23,9 +23,7 @@ import os
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,34 +117,12 @@ def wl_postgres(url: str, run_id: int, chunk: int) -> int:
 
 
 def one_round(backend: str, items: int, chunk: int) -> dict[str, float]:
+    """One drain per system, each on a fresh database (bench.py's backends make them)."""
+    place = bench.SqliteBackend(None) if backend == "sqlite" else bench.PostgresBackend(ADMIN)
     rates: dict[str, float] = {}
-    if backend == "sqlite":
-        folder = tempfile.mkdtemp(prefix="wl_ceiling_")
-        for system in ("workledger SQL", "raw SQL"):
-            path = os.path.join(folder, f"{uuid.uuid4().hex[:6]}.db")
-            url = f"sqlite:///{path}"
-            if system == "raw SQL":
-                bench.raw_insert(url, items)
-                state = bench.raw_prepare(url, chunk)
-                t = time.perf_counter()
-                n, _last, _ = bench.raw_drain(url, chunk, state)
-                rates[system] = n / (time.perf_counter() - t)
-                state.close()
-            else:
-                run_id = _decompose(url, items)
-                t = time.perf_counter()
-                n = wl_sqlite(path, run_id, chunk)
-                rates[system] = n / (time.perf_counter() - t)
-        return rates
-    import psycopg
-
-    admin = psycopg.connect(ADMIN, autocommit=True)
     try:
         for system in ("workledger SQL", "raw SQL"):
-            name = f"wl_ceiling_{uuid.uuid4().hex[:8]}"
-            admin.execute(f'CREATE DATABASE "{name}"')
-            url = ADMIN.rsplit("/", 1)[0] + "/" + name
-            try:
+            with place.fresh() as url:
                 if system == "raw SQL":
                     bench.raw_insert(url, items)
                     state = bench.raw_prepare(url, chunk)
@@ -154,15 +130,16 @@ def one_round(backend: str, items: int, chunk: int) -> dict[str, float]:
                     n, _last, _ = bench.raw_drain(url, chunk, state)
                     rates[system] = n / (time.perf_counter() - t)
                     state.close()
+                    continue
+                run_id = _decompose(url, items)
+                t = time.perf_counter()
+                if backend == "sqlite":
+                    n = wl_sqlite(url.removeprefix("sqlite:///"), run_id, chunk)
                 else:
-                    run_id = _decompose(url, items)
-                    t = time.perf_counter()
                     n = wl_postgres(url, run_id, chunk)
-                    rates[system] = n / (time.perf_counter() - t)
-            finally:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                rates[system] = n / (time.perf_counter() - t)
     finally:
-        admin.close()
+        place.close()
     return rates
 
 

@@ -183,10 +183,11 @@ def count_repairs(run_id: int, stored: dict[str, dict[str, int]],
     """``counts_add`` rows that move the stored counts onto the items' counts, sorted like
     every other writer's (differences only: rows no writer holds stay untouched)."""
     tally = Tally()
-    for key, (a, b) in count_differences(stored, ledger).items():
-        stage, _, state = key.rpartition(".")
-        tally.add(stage, state, b - a)
-    return tally.rows(run_id)
+    for stage in stored.keys() | ledger.keys():
+        mine, truth = stored.get(stage, {}), ledger.get(stage, {})
+        for state in mine.keys() | truth.keys():
+            tally.add(stage, state, truth.get(state, 0) - mine.get(state, 0))
+    return tally.rows(run_id)  # zero moves dropped, the rest sorted
 
 
 def reconcile_event(run_id: int, actor: str, stored: Projection, derived: Projection,

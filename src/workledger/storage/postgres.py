@@ -8,7 +8,7 @@ transaction. A connection that was lost is replaced on the next call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -200,7 +200,8 @@ class PostgresStore:
         return [(int(r["id"]), str(r["job"])) for r in rows]
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
-        return _counts(self._read(Q["run_counts"], {"run_id": run_id}))
+        rows = self._read(Q["run_counts"], {"run_id": run_id})
+        return common.counts_of((r["stage"], r["state"], r["n"]) for r in rows)
 
     def run_waits(self, run_id: int) -> tuple[int, int]:
         row = _first(self._read(Q["run_waits"], {"run_id": run_id}))
@@ -507,13 +508,6 @@ def _add_counts(conn: Conn, run_id: int, rows: Sequence[tuple[int, str, str, int
         conn.execute(Q["counts_add"], {"run_id": run_id, "stages": [r[1] for r in rows],
                                        "states": [r[2] for r in rows],
                                        "ns": [r[3] for r in rows]})
-
-
-def _counts(rows: Iterable[DictRow]) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for r in rows:
-        counts.setdefault(r["stage"], {})[r["state"]] = int(r["n"])
-    return counts
 
 
 def _ts(value: datetime | None) -> str | None:
