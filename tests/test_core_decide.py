@@ -21,7 +21,7 @@ from workledger.core.outcomes import (
     outcome_of_exception,
 )
 from workledger.core.retry import RetryPolicy, backoff_delay
-from workledger.core.states import ItemState, Transition
+from workledger.core.states import ItemState
 
 pytestmark = pytest.mark.unit
 
@@ -41,14 +41,14 @@ policies = st.builds(
 def test_processed_completes_with_its_result_and_no_event() -> None:
     d = decide(Processed('{"ok": true}'), 1, POLICY, 0.5)
     assert d.state is ItemState.PROCESSED
-    assert d.transition is Transition.COMPLETE
+    assert d.move == "complete"
     assert d.result == '{"ok": true}'
     assert (d.error, d.delay, d.event) == (None, None, None)  # happy path: no history row
 
 
 def test_skipped_ends_skipped_with_its_reason() -> None:
     d = decide(Skipped("not in scope"), 1, POLICY, 0.5)
-    assert (d.state, d.transition) == (ItemState.SKIPPED, Transition.SKIP)
+    assert (d.state, d.move) == (ItemState.SKIPPED, "skip")
     assert d.error == "not in scope"
     assert d.event == "skipped"
     assert d.delay is None
@@ -57,7 +57,7 @@ def test_skipped_ends_skipped_with_its_reason() -> None:
 @pytest.mark.parametrize("attempt", [1, 2, 5, 9])
 def test_failed_fails_at_once_whatever_the_attempt(attempt: int) -> None:
     d = decide(Failed("account closed"), attempt, POLICY, 0.5)
-    assert (d.state, d.transition) == (ItemState.FAILED, Transition.FAIL)
+    assert (d.state, d.move) == (ItemState.FAILED, "fail")
     assert d.error == "account closed"
     assert d.event == "failed"
     assert d.delay is None
@@ -65,7 +65,7 @@ def test_failed_fails_at_once_whatever_the_attempt(attempt: int) -> None:
 
 def test_unknown_outcome_awaits_repair_with_its_evidence() -> None:
     d = decide(Unknown("timeout after send"), 1, POLICY, 0.5)
-    assert (d.state, d.transition) == (ItemState.UNKNOWN, Transition.LEASE_EXPIRED_UNKNOWN)
+    assert (d.state, d.move) == (ItemState.UNKNOWN, "outcome_unknown")
     assert d.error == "timeout after send"
     assert d.event == "unknown"
 
@@ -75,7 +75,7 @@ def test_retry_without_delay_backs_off_exponentially() -> None:
     delays = [decide(RetryLater("busy"), a, POLICY, 0.9).delay for a in (1, 2, 3, 4)]
     assert delays == [2.0, 4.0, 8.0, 16.0]
     d = decide(RetryLater("busy"), 1, POLICY, 0.9)
-    assert (d.state, d.transition) == (ItemState.PENDING, Transition.RETRY_LATER)
+    assert (d.state, d.move) == (ItemState.PENDING, "retry_later")
     assert d.error == "busy"
     assert d.event == "retry_scheduled"
 
@@ -93,7 +93,7 @@ def test_retry_with_negative_delay_is_due_now_not_in_the_past() -> None:
 @pytest.mark.parametrize("delay", [None, 1.0])
 def test_retry_at_max_attempts_fails_as_exhausted(delay: float | None) -> None:
     d = decide(RetryLater("busy", delay), 5, POLICY, 0.5)
-    assert (d.state, d.transition) == (ItemState.FAILED, Transition.FAIL)
+    assert (d.state, d.move) == (ItemState.FAILED, "fail")
     assert d.error is not None
     assert "exhausted" in d.error and "5 attempts" in d.error and "busy" in d.error
     assert d.delay is None

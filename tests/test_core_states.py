@@ -1,91 +1,96 @@
-"""Item states and transitions (DESIGN.md "States"): the table, refusals, one-way terminals."""
+"""Item states and the table of moves (docs/design.md "Transitions"): one-way terminals,
+who moves what, refusals. ``tests/test_transitions_sql.py`` checks the SQL against the table."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from workledger.core.states import (
-    MOVED_BY,
+    MOVES,
+    PAIRS,
     TERMINAL,
+    Actor,
     IllegalTransition,
     ItemState,
-    Transition,
-    apply,
+    Move,
+    allowed,
     is_terminal,
+    move,
+    moved_by,
+    moves_out_of,
 )
 
 pytestmark = pytest.mark.unit
 
 S = ItemState
-T = Transition
 
-# Written out from DESIGN.md "States", independently of the module's own table.
-ALLOWED: dict[tuple[ItemState, Transition], ItemState] = {
-    (S.PENDING, T.CLAIM): S.CLAIMED,
-    (S.PENDING, T.CANCEL): S.SKIPPED,  # run cancelled: reason 'cancelled'
-    (S.CLAIMED, T.COMPLETE): S.PROCESSED,
-    (S.CLAIMED, T.FAIL): S.FAILED,
-    (S.CLAIMED, T.SKIP): S.SKIPPED,
-    (S.CLAIMED, T.RETRY_LATER): S.PENDING,
-    (S.CLAIMED, T.LEASE_EXPIRED): S.PENDING,  # idempotent stage
-    (S.CLAIMED, T.LEASE_EXPIRED_UNKNOWN): S.UNKNOWN,
-    (S.CLAIMED, T.VERIFY_DONE): S.PROCESSED,  # verify hook asked at lease expiry
-    (S.UNKNOWN, T.VERIFY_DONE): S.PROCESSED,
-    (S.UNKNOWN, T.VERIFY_NOT_DONE): S.PENDING,
-    (S.FAILED, T.REDRIVE): S.PENDING,  # the audited redrive
+# Written out from docs/design.md "Transitions", independently of the module's own table.
+DOCUMENTED: set[tuple[ItemState | None, ItemState]] = {
+    (None, S.PENDING), (None, S.SKIPPED),
+    (S.PENDING, S.CLAIMED), (S.PENDING, S.SKIPPED),
+    (S.CLAIMED, S.PROCESSED), (S.CLAIMED, S.FAILED), (S.CLAIMED, S.SKIPPED),
+    (S.CLAIMED, S.PENDING), (S.CLAIMED, S.UNKNOWN),
+    (S.UNKNOWN, S.PROCESSED), (S.UNKNOWN, S.FAILED), (S.UNKNOWN, S.PENDING),
+    (S.UNKNOWN, S.UNKNOWN),
+    (S.FAILED, S.PENDING),
 }
-RESOLVE_TARGETS = (S.PROCESSED, S.FAILED, S.PENDING)
-
-REFUSED = [
-    (state, transition)
-    for state, transition in itertools.product(ItemState, Transition)
-    if (state, transition) not in ALLOWED and transition is not T.RESOLVE
-]
 
 
-@pytest.mark.parametrize(("state", "transition"), list(ALLOWED))
-def test_allowed_transition_reaches_the_documented_state(
-    state: ItemState, transition: Transition
+def test_the_table_allows_exactly_the_documented_pairs() -> None:
+    assert set(PAIRS) == DOCUMENTED
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    (s, t) for s in (None, *ItemState) for t in ItemState if (s, t) not in DOCUMENTED])
+def test_a_pair_absent_from_the_table_is_not_allowed(
+    source: ItemState | None, target: ItemState
 ) -> None:
-    assert apply(state, transition) is ALLOWED[(state, transition)]
+    assert not allowed(source, target)
 
 
-@pytest.mark.parametrize(("state", "transition"), REFUSED)
-def test_transition_absent_from_the_table_is_refused(
-    state: ItemState, transition: Transition
-) -> None:
-    with pytest.raises(IllegalTransition) as raised:
-        apply(state, transition)
-    assert transition.value in str(raised.value)
-    assert state.value in str(raised.value)
+def test_every_row_is_unique_by_name_actor_and_target() -> None:
+    keys = [(m.name, m.actor, m.target) for m in MOVES]
+    assert len(keys) == len(set(keys))
 
 
-@pytest.mark.parametrize("target", RESOLVE_TARGETS)
-def test_resolve_moves_unknown_to_the_chosen_outcome(target: ItemState) -> None:
-    assert apply(S.UNKNOWN, T.RESOLVE, target) is target
+def test_a_name_means_one_pair_except_resolve_which_names_its_outcome() -> None:
+    for name in {m.name for m in MOVES}:
+        pairs = {(m.source, m.target) for m in MOVES if m.name == name}
+        if name == "resolve":
+            assert pairs == {(S.UNKNOWN, S.PROCESSED), (S.UNKNOWN, S.FAILED),
+                             (S.UNKNOWN, S.PENDING)}
+        else:
+            assert len(pairs) == 1, name
 
 
-@pytest.mark.parametrize("target", [None, S.CLAIMED, S.SKIPPED, S.UNKNOWN])
+def test_move_finds_the_row_for_its_actor_and_refuses_another_actor() -> None:
+    assert move("redrive", Actor.OPERATOR).target is S.PENDING
+    assert move("redrive", Actor.OPERATOR).from_state is S.FAILED
+    with pytest.raises(IllegalTransition, match="worker cannot make the move redrive"):
+        move("redrive", Actor.WORKER)
+    with pytest.raises(IllegalTransition):
+        move("no_such_move", Actor.OPERATOR)
+
+
+@pytest.mark.parametrize("target", [S.PROCESSED, S.FAILED, S.PENDING])
+def test_resolve_takes_an_unknown_item_to_the_chosen_outcome(target: ItemState) -> None:
+    found = move("resolve", Actor.OPERATOR, target)
+    assert (found.source, found.target) == (S.UNKNOWN, target)
+
+
+@pytest.mark.parametrize("target", [S.CLAIMED, S.SKIPPED, S.UNKNOWN])
 def test_resolve_to_anything_but_processed_failed_or_pending_is_refused(
-    target: ItemState | None,
+    target: ItemState,
 ) -> None:
     with pytest.raises(IllegalTransition):
-        apply(S.UNKNOWN, T.RESOLVE, target)
+        move("resolve", Actor.OPERATOR, target)
 
 
-@pytest.mark.parametrize(
-    ("state", "target"),
-    [(s, t) for s in ItemState if s is not S.UNKNOWN for t in (None, *RESOLVE_TARGETS)],
-)
-def test_resolve_is_refused_from_every_state_but_unknown(
-    state: ItemState, target: ItemState | None
-) -> None:
+def test_an_insert_moves_no_item_out_of_a_state() -> None:
     with pytest.raises(IllegalTransition):
-        apply(state, T.RESOLVE, target)
+        _ = move("insert", Actor.DECOMPOSER).from_state
 
 
 def test_illegal_transition_is_a_value_error() -> None:
@@ -97,81 +102,52 @@ def test_terminal_states_are_processed_failed_and_skipped() -> None:
     assert [s for s in ItemState if is_terminal(s)] == [S.PROCESSED, S.FAILED, S.SKIPPED]
 
 
+def test_processed_and_skipped_have_no_way_out() -> None:
+    assert moves_out_of(S.PROCESSED) == [] == moves_out_of(S.SKIPPED)
+    assert moved_by(S.PROCESSED) == "nobody: terminal"
+
+
+def test_failed_leaves_only_by_an_operators_redrive_to_pending() -> None:
+    assert {(m.name, m.actor, m.target) for m in moves_out_of(S.FAILED)} == {
+        ("redrive", Actor.OPERATOR, S.PENDING)}
+
+
 def test_every_state_names_who_moves_items_out_of_it() -> None:
-    assert set(MOVED_BY) == set(ItemState)
-    assert all(text.strip() for text in MOVED_BY.values())
-    assert "redrive" in MOVED_BY[S.FAILED]
-    assert "resolve" in MOVED_BY[S.UNKNOWN]
+    assert "operator: redrive" in moved_by(S.FAILED)
+    assert "operator: resolve" in moved_by(S.UNKNOWN)
+    assert "sweeper: verify_done" in moved_by(S.UNKNOWN)
+    assert "worker: claim" in moved_by(S.PENDING)
+    assert "sweeper: lease_expired" in moved_by(S.CLAIMED)
 
 
-@pytest.mark.parametrize("state", [S.PROCESSED, S.SKIPPED])
-def test_processed_and_skipped_refuse_every_transition(state: ItemState) -> None:
-    for transition in Transition:
-        for target in (None, *ItemState):
-            with pytest.raises(IllegalTransition):
-                apply(state, transition, target)
+def test_only_a_person_and_the_sweepers_verify_take_an_item_out_of_unknown() -> None:
+    actors = {m.actor for m in moves_out_of(S.UNKNOWN)}
+    assert actors == {Actor.OPERATOR, Actor.SWEEPER}
+    assert {m.name for m in moves_out_of(S.UNKNOWN) if m.actor is Actor.SWEEPER} == {
+        "verify_done", "verify_not_done", "verify_unsure"}
 
 
-def test_failed_leaves_only_by_redrive_to_pending() -> None:
-    ways_out = []
-    for transition in Transition:
-        for target in (None, *ItemState):
-            try:
-                ways_out.append((transition, apply(S.FAILED, transition, target)))
-            except IllegalTransition:
-                pass
-    assert set(ways_out) == {(T.REDRIVE, S.PENDING)}
+walks = st.lists(st.sampled_from(MOVES), max_size=60)
 
 
-steps = st.lists(
-    st.tuples(st.sampled_from(Transition), st.none() | st.sampled_from(ItemState)), max_size=60
-)
-
-
-@given(start=st.sampled_from(ItemState), walk=steps)
-def test_no_sequence_of_transitions_leaves_a_terminal_state_except_by_redrive(
-    start: ItemState, walk: list[tuple[Transition, ItemState | None]]
+@given(start=st.sampled_from(ItemState), walk=walks)
+def test_no_sequence_of_moves_leaves_a_terminal_state_except_by_redrive(
+    start: ItemState, walk: list[Move]
 ) -> None:
     state = start
-    for transition, target in walk:
-        try:
-            after = apply(state, transition, target)
-        except IllegalTransition:
-            continue  # refused: the item stays where it was
+    for m in walk:
+        if m.source is not state:
+            continue  # not a move from here: the item stays where it was
         if is_terminal(state):
-            assert (state, transition, after) == (S.FAILED, T.REDRIVE, S.PENDING)
-        state = after
-
-
-@given(start=st.sampled_from([S.PROCESSED, S.SKIPPED]), walk=steps)
-def test_processed_and_skipped_are_absorbing_under_any_sequence(
-    start: ItemState, walk: list[tuple[Transition, ItemState | None]]
-) -> None:
-    state = start
-    for transition, target in walk:
-        try:
-            state = apply(state, transition, target)
-        except IllegalTransition:
-            pass
-    assert state is start
-
-
-def _successors(state: ItemState) -> set[ItemState]:
-    found = set()
-    for transition in Transition:
-        for target in (None, *ItemState):
-            try:
-                found.add(apply(state, transition, target))
-            except IllegalTransition:
-                pass
-    return found
+            assert (m.name, state) == ("redrive", S.FAILED)
+        state = m.target
 
 
 @pytest.mark.parametrize("start", [s for s in ItemState if s not in TERMINAL])
 def test_every_non_terminal_state_can_still_reach_a_terminal_state(start: ItemState) -> None:
     seen, frontier = {start}, [start]
     while frontier:
-        for nxt in _successors(frontier.pop()) - seen:
+        for nxt in {m.target for m in moves_out_of(frontier.pop())} - seen:
             seen.add(nxt)
             frontier.append(nxt)
     assert seen & TERMINAL

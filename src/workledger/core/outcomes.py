@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from workledger.core.retry import RetryPolicy, backoff_delay
-from workledger.core.states import ItemState, Transition
+from workledger.core.states import Actor, ItemState, move
 from workledger.core.text import safe_text
 
 # -- what user code raises or yields -------------------------------------------------------
@@ -64,11 +64,13 @@ class Processed:
 class RetryLater:
     reason: str
     delay: float | None = None
+    trace: str | None = None  # the last frames of the exception's traceback, if one was kept
 
 
 @dataclass(frozen=True)
 class Failed:
     reason: str
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,23 +91,31 @@ class Decision:
     """The transition to write for one finished execution."""
 
     state: ItemState
-    transition: Transition
+    move: str  # the name of its row in core.states.MOVES
     result: Any = None
     error: str | None = None
     delay: float | None = None  # seconds until the item may be claimed again (pending only)
     event: str | None = None  # wl_events kind to record, None on the happy path
+    trace: str | None = None  # a failure's traceback, kept in the event's detail
 
 
-def outcome_of_exception(exc: BaseException) -> Outcome:
-    """Classify an exception raised by a handler."""
+def outcome_of_exception(exc: BaseException, trace: str | None = None) -> Outcome:
+    """Classify an exception raised by a handler; ``trace`` is its formatted traceback."""
     if isinstance(exc, Skip):
         return Skipped(exc.reason)
     if isinstance(exc, Permanent):
-        return Failed(exc.reason)
+        return Failed(exc.reason, trace)
     if isinstance(exc, Retry):
-        return RetryLater(exc.reason, exc.delay)
+        return RetryLater(exc.reason, exc.delay, trace)
     text = str(exc)
-    return RetryLater(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    return RetryLater(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, None,
+                      trace)
+
+
+# What each outcome does to a claimed item: rows of core.states.MOVES (checked at import).
+_COMPLETE, _SKIP, _FAIL, _RETRY, _UNKNOWN = (
+    move(name, Actor.WORKER) for name in
+    ("complete", "skip", "fail", "retry_later", "outcome_unknown"))
 
 
 def decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -> Decision:
@@ -125,25 +135,18 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -
 def _decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -> Decision:
     match outcome:
         case Processed(result):
-            return Decision(ItemState.PROCESSED, Transition.COMPLETE, result=result)
+            return Decision(_COMPLETE.target, _COMPLETE.name, result=result)
         case Skipped(reason):
-            return Decision(ItemState.SKIPPED, Transition.SKIP, error=reason, event="skipped")
-        case Failed(reason):
-            return Decision(ItemState.FAILED, Transition.FAIL, error=reason, event="failed")
+            return Decision(_SKIP.target, _SKIP.name, error=reason, event="skipped")
+        case Failed(reason, trace):
+            return Decision(_FAIL.target, _FAIL.name, error=reason, event="failed", trace=trace)
         case Unknown(evidence):
-            return Decision(
-                ItemState.UNKNOWN, Transition.LEASE_EXPIRED_UNKNOWN, error=evidence, event="unknown"
-            )
-        case RetryLater(reason, delay):
+            return Decision(_UNKNOWN.target, _UNKNOWN.name, error=evidence, event="unknown")
+        case RetryLater(reason, delay, trace):
             if attempt >= policy.max_attempts:
                 why = f"retries exhausted after {attempt} attempts: {reason}"
-                return Decision(ItemState.FAILED, Transition.FAIL, error=why, event="failed")
+                return Decision(_FAIL.target, _FAIL.name, error=why, event="failed", trace=trace)
             wait = delay if delay is not None else backoff_delay(attempt, policy, jitter)
-            return Decision(
-                ItemState.PENDING,
-                Transition.RETRY_LATER,
-                error=reason,
-                delay=max(0.0, wait),
-                event="retry_scheduled",
-            )
+            return Decision(_RETRY.target, _RETRY.name, error=reason, delay=max(0.0, wait),
+                            event="retry_scheduled", trace=trace)
     raise TypeError(f"not an outcome: {outcome!r}")

@@ -1,12 +1,16 @@
-"""Item states and the transitions allowed between them (DESIGN.md "States").
+"""Item states and the one table of moves between them (docs/design.md "Transitions").
 
-Each state's docstring-like entry in ``MOVED_BY`` names the part of the system that moves an
-item out of it, so nothing is stranded without a named way back in.
+:data:`MOVES` is the authority: every change of ``wl_items.state`` that any SQL statement or
+runtime path makes is a row of it, with the actor that makes it and the query that writes it.
+``tests/test_transitions_sql.py`` derives the (from, to) pairs of every statement in both
+``.sql`` files and fails on a pair this table lacks; the runtime takes its target states from
+here (:func:`move`), never from a string literal of its own.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class ItemState(StrEnum):
@@ -18,77 +22,113 @@ class ItemState(StrEnum):
     UNKNOWN = "unknown"
 
 
+class Actor(StrEnum):
+    """Who makes a move: the part of the system whose code path runs the statement."""
+
+    DECOMPOSER = "decomposer"  # submit, or the sweeper re-decomposing a run
+    WORKER = "worker"  # a worker's claim loop (and a broker task that claims by identity)
+    SWEEPER = "sweeper"  # expired leases, verify hooks, the closing hook
+    OPERATOR = "operator"  # a person: retry, resolve, cancel
+
+
 TERMINAL: frozenset[ItemState] = frozenset(
     {ItemState.PROCESSED, ItemState.FAILED, ItemState.SKIPPED}
 )
 
-MOVED_BY: dict[ItemState, str] = {
-    ItemState.PENDING: "workers claim it",
-    ItemState.CLAIMED: "its holder finishes it; after lease expiry, the sweeper",
-    ItemState.PROCESSED: "nobody: terminal",
-    ItemState.FAILED: "a person: retry (redrive)",
-    ItemState.SKIPPED: "nobody: terminal",
-    ItemState.UNKNOWN: "the stage's verify hook, or a person: resolve",
-}
+
+class Move(NamedTuple):
+    """One allowed change of an item's state. ``source`` None: the row is inserted."""
+
+    name: str
+    source: ItemState | None
+    target: ItemState
+    actor: Actor
+    where: str  # the named query (in both .sql files) that writes it
+
+    @property
+    def from_state(self) -> ItemState:
+        """The state this move takes an item out of (an insert has none)."""
+        if self.source is None:
+            raise IllegalTransition(f"{self.name} inserts a row; it moves none")
+        return self.source
 
 
-class Transition(StrEnum):
-    """Named reasons for a state change; every write of a state carries one."""
-
-    CLAIM = "claim"
-    COMPLETE = "complete"
-    FAIL = "fail"
-    SKIP = "skip"
-    RETRY_LATER = "retry_later"
-    LEASE_EXPIRED = "lease_expired"
-    LEASE_EXPIRED_UNKNOWN = "lease_expired_unknown"
-    VERIFY_DONE = "verify_done"
-    VERIFY_NOT_DONE = "verify_not_done"
-    RESOLVE = "resolve"
-    REDRIVE = "redrive"
-    CANCEL = "cancel"
+_P, _C, _D, _F, _S, _U = (ItemState.PENDING, ItemState.CLAIMED, ItemState.PROCESSED,
+                          ItemState.FAILED, ItemState.SKIPPED, ItemState.UNKNOWN)
+_DEC, _WRK, _SWP, _OPR = Actor.DECOMPOSER, Actor.WORKER, Actor.SWEEPER, Actor.OPERATOR
+_FINISH = "items_finish_if_leased"
 
 
-# (from, transition) -> to. Anything absent is refused.
-_TABLE: dict[tuple[ItemState, Transition], ItemState] = {
-    (ItemState.PENDING, Transition.CLAIM): ItemState.CLAIMED,
-    (ItemState.PENDING, Transition.CANCEL): ItemState.SKIPPED,
-    (ItemState.CLAIMED, Transition.COMPLETE): ItemState.PROCESSED,
-    (ItemState.CLAIMED, Transition.FAIL): ItemState.FAILED,
-    (ItemState.CLAIMED, Transition.SKIP): ItemState.SKIPPED,
-    (ItemState.CLAIMED, Transition.RETRY_LATER): ItemState.PENDING,
-    (ItemState.CLAIMED, Transition.LEASE_EXPIRED): ItemState.PENDING,
-    (ItemState.CLAIMED, Transition.LEASE_EXPIRED_UNKNOWN): ItemState.UNKNOWN,
-    (ItemState.CLAIMED, Transition.VERIFY_DONE): ItemState.PROCESSED,
-    (ItemState.UNKNOWN, Transition.VERIFY_DONE): ItemState.PROCESSED,
-    (ItemState.UNKNOWN, Transition.VERIFY_NOT_DONE): ItemState.PENDING,
-    (ItemState.UNKNOWN, Transition.RESOLVE): ItemState.PROCESSED,
-    (ItemState.FAILED, Transition.REDRIVE): ItemState.PENDING,
-}
-_RESOLVE_TARGETS = {ItemState.PROCESSED, ItemState.FAILED, ItemState.PENDING}
+def _rows(name: str, source: ItemState | None, target: ItemState, where: str,
+          *actors: Actor) -> list[Move]:
+    return [Move(name, source, target, actor, where) for actor in actors]
+
+
+MOVES: tuple[Move, ...] = tuple(
+    _rows("insert", None, _P, "items_insert", _DEC)
+    + _rows("insert_skipped", None, _S, "items_insert", _DEC)
+    # the next stage's row, written in the transaction that finishes (or settles) this one;
+    # the sweeper inserts a run's '@close' entry the same way it is claimed: as an item
+    + _rows("handoff", None, _P, "items_handoff", _WRK, _SWP, _OPR)
+    + _rows("close_entry", None, _P, "items_insert", _SWP)
+    + _rows("claim", _P, _C, "items_claim", _WRK, _SWP)
+    + _rows("complete", _C, _D, _FINISH, _WRK, _SWP)
+    + _rows("fail", _C, _F, _FINISH, _WRK, _SWP)
+    + _rows("skip", _C, _S, _FINISH, _WRK, _SWP)
+    + _rows("retry_later", _C, _P, _FINISH, _WRK, _SWP)
+    + _rows("outcome_unknown", _C, _U, _FINISH, _WRK)
+    + _rows("release", _C, _P, "items_release", _WRK)
+    + _rows("lease_expired", _C, _P, "leases_reclaim_expired", _SWP)
+    + _rows("lease_expired_unknown", _C, _U, "leases_reclaim_expired", _SWP)
+    + _rows("verify_done", _U, _D, "items_settle", _SWP)
+    + _rows("verify_not_done", _U, _P, "items_settle", _SWP)
+    + _rows("verify_unsure", _U, _U, "items_settle", _SWP)
+    + _rows("resolve", _U, _D, "items_settle", _OPR)
+    + _rows("resolve", _U, _F, "items_settle", _OPR)
+    + _rows("resolve", _U, _P, "items_settle", _OPR)
+    + _rows("redrive", _F, _P, "items_settle", _OPR)
+    + _rows("cancel", _P, _S, "items_cancel_pending", _OPR)
+    # a finish or settle that lands in a run cancelled meanwhile skips what it left pending
+    + _rows("cancel_late", _P, _S, "items_cancel_pending", _WRK, _SWP, _OPR)
+)
+
+PAIRS: frozenset[tuple[ItemState | None, ItemState]] = frozenset(
+    (m.source, m.target) for m in MOVES
+)
 
 
 class IllegalTransition(ValueError):
     pass
 
 
-def apply(state: ItemState, transition: Transition, target: ItemState | None = None) -> ItemState:
-    """Return the state after ``transition``; raise :class:`IllegalTransition` if not allowed.
+def move(name: str, actor: Actor, target: ItemState | None = None) -> Move:
+    """The row of :data:`MOVES` for ``name`` made by ``actor`` (and ``target``, where a move
+    has several, as ``resolve`` has); :class:`IllegalTransition` when there is none.
 
-    ``target`` chooses the outcome of a ``resolve`` (processed, failed or pending).
-
-    >>> apply(ItemState.CLAIMED, Transition.COMPLETE)
-    <ItemState.PROCESSED: 'processed'>
+    >>> move("redrive", Actor.OPERATOR).target
+    <ItemState.PENDING: 'pending'>
     """
-    if transition is Transition.RESOLVE and state is ItemState.UNKNOWN:
-        if target not in _RESOLVE_TARGETS:
-            raise IllegalTransition(f"resolve must target one of {sorted(_RESOLVE_TARGETS)}")
-        assert target is not None
-        return target
-    try:
-        return _TABLE[(state, transition)]
-    except KeyError:
-        raise IllegalTransition(f"{transition.value} is not allowed from {state.value}") from None
+    found = [m for m in MOVES if m.name == name and m.actor is actor
+             and (target is None or m.target is target)]
+    if len(found) != 1:
+        what = f"{name}{'' if target is None else ' to ' + target.value}"
+        raise IllegalTransition(f"{actor.value} cannot make the move {what}")
+    return found[0]
+
+
+def allowed(source: ItemState | None, target: ItemState) -> bool:
+    return (source, target) in PAIRS
+
+
+def moves_out_of(state: ItemState) -> list[Move]:
+    return [m for m in MOVES if m.source is state]
+
+
+def moved_by(state: ItemState) -> str:
+    """Who moves an item out of ``state``, from the table ("nobody: terminal" if no one)."""
+    ways = sorted({f"{m.actor.value}: {m.name}" for m in moves_out_of(state)
+                   if m.target is not state})
+    return "; ".join(ways) or "nobody: terminal"
 
 
 def is_terminal(state: ItemState) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -10,13 +11,16 @@ from workledger.core.outcomes import (
     Decision,
     Failed,
     Outcome,
+    Permanent,
     Processed,
+    Retry,
+    Skip,
     decide,
     outcome_of_exception,
 )
-from workledger.core.states import ItemState
+from workledger.core.states import Actor, ItemState, move
 from workledger.core.status import CLOSE_STAGE
-from workledger.core.text import Unstorable, json_text
+from workledger.core.text import Unstorable, json_text, safe_text
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
@@ -24,6 +28,8 @@ _PROCESSED_NONE = Processed(None)  # immutable: one shared value for every handl
 
 # Reason left on an item whose holder lost its lease; the next claimer runs it in isolation.
 LEASE_EXPIRED = "lease_expired"
+TRACE_LIMIT = 4096  # characters of a failure's traceback kept in its event (the last frames)
+_PROCESSED = move("complete", Actor.WORKER).target.value
 
 
 class ItemView(NamedTuple):
@@ -71,7 +77,7 @@ def run_handler(
         else:
             value = stage.handler(view_of(item), context_for(job, item, attempt, worker_id))
     except Exception as exc:  # a handler's failure is data, never a worker crash
-        return outcome_of_exception(exc)
+        return outcome_of_exception(exc, trace_of(exc))
     if value is None:
         return _PROCESSED_NONE
     try:
@@ -80,13 +86,26 @@ def run_handler(
         return Failed(f"handler returned a result that cannot be stored: it {exc}")
 
 
+def trace_of(exc: BaseException) -> str | None:
+    """The last frames of ``exc``'s traceback (at most :data:`TRACE_LIMIT` characters), for
+    an unclassified exception, or for ``Retry``/``Permanent`` raised while handling another
+    one; None for a deliberate ``Retry``/``Permanent``/``Skip`` with nothing behind it."""
+    if isinstance(exc, Skip) or (isinstance(exc, Retry | Permanent)
+                                 and exc.__cause__ is None and exc.__context__ is None):
+        return None
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > TRACE_LIMIT:
+        text = "...\n" + text[-(TRACE_LIMIT - 4):]
+    return safe_text(text)
+
+
 def to_finish(
     job: Job, item: ClaimedItem, outcome: Outcome, attempt: int, jitter: float, charge: int
 ) -> Finish:
     """The pure decision plus what the finish transaction must also write."""
     if type(outcome) is Processed and not job.full_history:  # the hot path: no event
         nxt, unit = job.after_processed(item.stage)
-        return Finish(item.id, item.lease_token, "processed", outcome.result, None, None,
+        return Finish(item.id, item.lease_token, _PROCESSED, outcome.result, None, None,
                       charge, unit, nxt)
     stage = job.stage_named(item.stage)
     decision: Decision = decide(outcome, attempt, stage.policy, jitter)
@@ -101,7 +120,10 @@ def to_finish(
         event = decision.state.value
     detail = None
     if event is not None:
-        detail = json.dumps({"attempt": attempt, "error": decision.error, "delay": decision.delay})
+        facts = {"attempt": attempt, "error": decision.error, "delay": decision.delay}
+        if decision.trace is not None:
+            facts["traceback"] = decision.trace
+        detail = json.dumps(facts)
     return Finish(
         id=item.id, lease_token=item.lease_token, state=decision.state.value,
         result=decision.result, error=decision.error, delay=decision.delay, charge=charge,

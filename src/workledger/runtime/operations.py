@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from workledger.core.states import Actor, ItemState, move
 from workledger.errors import UsageError
 from workledger.runtime.jobs import Job
 from workledger.storage.port import (
@@ -20,6 +21,7 @@ from workledger.storage.port import (
 )
 
 PAGE = 1000
+_REDRIVE = move("redrive", Actor.OPERATOR)
 
 
 def _items(store: Store, run_id: int, stage: str | None, state: str) -> list[ItemRow]:
@@ -36,25 +38,28 @@ def retry(
     actor: str = "operator", note: str | None = None,
 ) -> int:
     """Redrive failed items back to pending with fresh attempts; return how many moved."""
-    failed = _items(store, run_id, stage, "failed")
+    failed = _items(store, run_id, stage, _REDRIVE.from_state)
     if seqs is not None:
         wanted = set(seqs)
         failed = [i for i in failed if i.seq in wanted]
     settles = [
-        Settle(i.id, "pending", reset_attempts=True, unit_removed="failed", event="redriven",
+        Settle(i.id, _REDRIVE.target, reset_attempts=True, unit_removed="failed",
+               event="redriven",
                detail=json.dumps({"previous_attempts": i.attempts, "previous_error": i.error,
                                   "note": note}))
         for i in failed
     ]
     moved = 0
     for start in range(0, len(settles), PAGE):
-        result = store.items_settle(SettleParams(run_id, "failed", settles[start:start + PAGE],
-                                                 actor))
+        result = store.items_settle(SettleParams(run_id, _REDRIVE.from_state,
+                                                 settles[start:start + PAGE], actor))
         moved += len(result.applied)
     return moved
 
 
-RESOLVE_TARGETS = ("processed", "failed", "pending")
+RESOLVE_TARGETS = tuple(m.target.value for m in
+                        (move("resolve", Actor.OPERATOR, ItemState(s))
+                         for s in ("processed", "failed", "pending")))
 
 
 def resolve(
@@ -74,7 +79,8 @@ def resolve(
     unit = {"processed": None if nxt else "processed", "failed": "failed"}.get(as_state)
     if as_state == "processed" and job is None:
         unit = "processed"  # without the job's stages, treat it as the unit's last stage
-    settle = Settle(item.id, as_state, error=note if as_state == "failed" else None, unit=unit,
+    target = move("resolve", Actor.OPERATOR, ItemState(as_state)).target
+    settle = Settle(item.id, target, error=note if as_state == "failed" else None, unit=unit,
                     next_stage=nxt, event="resolved",
                     detail=json.dumps({"as": as_state, "note": note}))
     return bool(store.items_settle(SettleParams(run_id, "unknown", [settle], actor)).applied)

@@ -21,6 +21,7 @@ from typing import Any
 
 from workledger import failpoints
 from workledger.core.outcomes import Outcome, Processed
+from workledger.core.states import Actor, move
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.errors import DecompositionFailed
 from workledger.runtime.decompose import decompose
@@ -49,6 +50,9 @@ log = logging.getLogger("workledger.sweeper")
 AWAITING_VERIFY = f"{LEASE_EXPIRED}: awaiting verify"
 RECLAIMED = f"{LEASE_EXPIRED}: its holder stopped renewing the lease"
 OUTCOME_UNKNOWN = f"{LEASE_EXPIRED}: outcome unknown; a person must resolve it"
+_RECLAIM, _RECLAIM_UNKNOWN, _DONE, _NOT_DONE, _UNSURE = (
+    move(name, Actor.SWEEPER) for name in
+    ("lease_expired", "lease_expired_unknown", "verify_done", "verify_not_done", "verify_unsure"))
 
 
 @dataclass
@@ -110,14 +114,14 @@ class Sweeper:
         for job in self.jobs.values():
             for stage in [*job.stages, *([job.closing] if job.closing else [])]:
                 if stage.idempotent:
-                    to, reason = "pending", RECLAIMED
+                    to, reason = _RECLAIM.target.value, RECLAIMED
                 elif stage.verify is not None:
-                    to, reason = "unknown", AWAITING_VERIFY
+                    to, reason = _RECLAIM_UNKNOWN.target.value, AWAITING_VERIFY
                 else:
-                    to, reason = "unknown", OUTCOME_UNKNOWN
+                    to, reason = _RECLAIM_UNKNOWN.target.value, OUTCOME_UNKNOWN
                 rows = self.store.leases_reclaim_expired(ReclaimParams(
                     job=job.name, stage=stage.name, to_state=to, reason=reason, actor=self.actor))
-                if to == "pending":
+                if to == _RECLAIM.target:
                     report.to_pending += len(rows)
                 else:
                     report.to_unknown += len(rows)
@@ -144,7 +148,7 @@ class Sweeper:
             answer = stage.verify(view_of(item), context_for(job, item, item.attempts, self.actor))
         except Exception as exc:  # a verify hook that fails tells us nothing
             answer = "unknown", f"verify raised {type(exc).__name__}: {exc}"
-        self.store.items_settle(SettleParams(item.run_id, "unknown",
+        self.store.items_settle(SettleParams(item.run_id, _DONE.from_state,
                                              [verdict_settle(job, item, answer)], self.actor))
 
     # -- closing hooks ---------------------------------------------------------------------
@@ -186,11 +190,11 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
     if verdict == "done":
         nxt = job.next_stage(item.stage)
         result = None if extra is None else json.dumps(extra)
-        return Settle(item.id, "processed", result=result, unit=None if nxt else "processed",
+        return Settle(item.id, _DONE.target, result=result, unit=None if nxt else "processed",
                       next_stage=nxt, event="verified", detail=detail)
     if verdict == "not_done":
-        return Settle(item.id, "pending", error="verify: not done; will run again",
+        return Settle(item.id, _NOT_DONE.target, error="verify: not done; will run again",
                       event="verified", detail=detail)
     evidence = extra if isinstance(extra, str) else f"verify answered {verdict!r}"
-    return Settle(item.id, "unknown", error=f"verify could not tell: {evidence}",
+    return Settle(item.id, _UNSURE.target, error=f"verify could not tell: {evidence}",
                   event="unknown", detail=detail)

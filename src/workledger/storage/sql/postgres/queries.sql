@@ -2,6 +2,8 @@
 -- Parameters are psycopg named placeholders. Times are timestamptz from the database clock (now():
 -- the start of the transaction, and every port method is one short transaction). JSON arrives as
 -- text and is cast to jsonb here; id lists arrive as arrays.
+-- A '-- moves:' line lists every change of wl_items.state its statement can make; a test
+-- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
 INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
@@ -99,6 +101,7 @@ WHERE id = %(run_id)s
 RETURNING cancelled_at;
 
 -- name: items_insert
+-- moves: (none) -> pending, skipped
 -- One statement per batch: the rows arrive as parallel arrays (seqs[i], keys[i], ...), sent in
 -- binary because dumping large arrays as text costs more than the insert itself.
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
@@ -111,6 +114,7 @@ ON CONFLICT (run_id, stage, seq) DO NOTHING;
 SELECT nextval('wl_lease_token_seq');
 
 -- name: items_claim
+-- moves: pending -> claimed
 -- One statement: one token for the whole claim (a volatile CTE is evaluated once), the chunk locked
 -- with SKIP LOCKED so concurrent claimers take disjoint rows, nothing claimed from a paused,
 -- cancelled or not yet decomposed run.
@@ -144,11 +148,13 @@ UPDATE wl_items SET lease_until = now() + make_interval(secs => %(lease)s::float
 WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed';
 
 -- name: items_release
+-- moves: claimed -> pending
 UPDATE wl_items SET state = 'pending', lease_until = NULL, updated_at = now()
 WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed'
 RETURNING stage;
 
 -- name: items_finish_if_leased
+-- moves: claimed -> processed, failed, skipped, pending, unknown
 -- The fenced completion of a chunk: a row changes only while it is still claimed under the token
 -- the worker holds. The outcomes arrive as parallel arrays.
 UPDATE wl_items SET
@@ -168,6 +174,7 @@ WHERE wl_items.id = f.id AND wl_items.lease_token = f.token
 RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_finish_group
+-- moves: claimed -> processed, failed, skipped, pending, unknown
 -- The same fenced completion for items that share one outcome (most chunks): an id array and
 -- one value per column. Used for a single shape per chunk, so rows lock in id order.
 -- The rows are fetched by primary key, never through wl_items_leased: with stale statistics the
@@ -188,6 +195,7 @@ WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s
 RETURNING id, stage;
 
 -- name: items_handoff
+-- moves: (none) -> pending
 INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, h.stage, i.seq, i.key, i.data
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
@@ -205,6 +213,7 @@ WHERE run_id = %(run_id)s AND id > %(after_id)s
 ORDER BY id LIMIT %(limit)s;
 
 -- name: leases_reclaim_expired
+-- moves: claimed -> pending, unknown
 WITH picked AS (
     SELECT i.id FROM wl_items AS i
     JOIN wl_runs AS r ON r.id = i.run_id
@@ -251,6 +260,7 @@ WHERE run_id = %(run_id)s AND (%(item_id)s::bigint IS NULL OR item_id = %(item_i
 ORDER BY id;
 
 -- name: items_settle
+-- moves: unknown -> processed, failed, pending, unknown; failed -> pending
 -- An operator's or the sweeper's move, guarded by the state the item is moved from.
 UPDATE wl_items SET
     state = f.state,
@@ -311,6 +321,7 @@ WHERE id = %(run_id)s AND cancelled_at IS NULL
 RETURNING id;
 
 -- name: items_cancel_pending
+-- moves: pending -> skipped
 UPDATE wl_items SET state = 'skipped', error = 'cancelled', updated_at = now()
 WHERE run_id = %(run_id)s AND state = 'pending'
 RETURNING id, stage;

@@ -1,5 +1,7 @@
 -- SQLite queries. Every name here exists in ../postgres/queries.sql too (tests check it).
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', computed by the database.
+-- A '-- moves:' line lists every change of wl_items.state its statement can make; a test
+-- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
 INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
@@ -95,6 +97,7 @@ WHERE id = :run_id
 RETURNING cancelled_at;
 
 -- name: items_insert
+-- moves: (none) -> pending, skipped
 -- positional parameters (run_id, stage, seq, key, data, state, error): tuples are cheaper
 -- than dicts when a decomposition writes millions of rows
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
@@ -105,6 +108,7 @@ ON CONFLICT (run_id, stage, seq) DO NOTHING;
 UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value;
 
 -- name: items_claim
+-- moves: pending -> claimed
 UPDATE wl_items SET
     state = 'claimed',
     lease_token = :token,
@@ -129,12 +133,14 @@ UPDATE wl_items SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease)
 WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed';
 
 -- name: items_release
+-- moves: claimed -> pending
 UPDATE wl_items SET state = 'pending', lease_until = NULL,
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed'
 RETURNING stage;
 
 -- name: items_finish_if_leased
+-- moves: claimed -> processed, failed, skipped, pending, unknown
 UPDATE wl_items SET
     state = f.state,
     result = f.result,
@@ -153,6 +159,7 @@ WHERE wl_items.id = f.id AND wl_items.lease_token = f.token AND wl_items.state =
 RETURNING wl_items.id, wl_items.stage;
 
 -- name: items_finish_group
+-- moves: claimed -> processed, failed, skipped, pending, unknown
 -- The same fenced completion for items that share one outcome (most chunks): an id list and
 -- one value per column, instead of a value per column per row.
 UPDATE wl_items SET
@@ -168,6 +175,7 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND sta
 RETURNING id, stage;
 
 -- name: items_handoff
+-- moves: (none) -> pending
 INSERT INTO wl_items (run_id, stage, seq, key, data)
 SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
@@ -183,6 +191,7 @@ WHERE run_id = :run_id AND id > :after_id
 ORDER BY id LIMIT :limit;
 
 -- name: leases_reclaim_expired
+-- moves: claimed -> pending, unknown
 UPDATE wl_items SET
     state = :to_state,
     error = :reason,
@@ -219,6 +228,7 @@ WHERE run_id = :run_id AND (:item_id IS NULL OR item_id = :item_id)
 ORDER BY id;
 
 -- name: items_settle
+-- moves: unknown -> processed, failed, pending, unknown; failed -> pending
 UPDATE wl_items SET
     state = f.state,
     result = COALESCE(f.result, wl_items.result),
@@ -279,6 +289,7 @@ WHERE id = :run_id AND cancelled_at IS NULL
 RETURNING id;
 
 -- name: items_cancel_pending
+-- moves: pending -> skipped
 UPDATE wl_items SET state = 'skipped', error = 'cancelled',
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE run_id = :run_id AND state = 'pending'
