@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from workledger.core.outcomes import Item, Skip
 from workledger.core.retry import RetryPolicy
 from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import Unstorable, json_text
 from workledger.errors import BadInput, UsageError
+from workledger.runtime.results import Submission
 
-if TYPE_CHECKING:
-    from workledger.api import Ledger, Submission
+
+class Submitter(Protocol):
+    """What a job submits through: the :class:`workledger.Ledger` that defined it."""
+
+    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -39,8 +44,8 @@ class Job:
     """
 
     def __init__(
-        self, ledger: Ledger, name: str, *, tolerate: float | int = 0, full_history: bool = False,
-        batch_size: int = 5000,
+        self, ledger: Submitter, name: str, *, tolerate: float | int = 0,
+        full_history: bool = False, batch_size: int = 5000,
     ) -> None:
         if not name or not isinstance(name, str):
             raise UsageError("a job needs a non-empty name")
@@ -57,6 +62,7 @@ class Job:
 
     def decompose(self, fn: Decomposer) -> Decomposer:
         """Register the function that turns a payload into items (it may yield millions)."""
+        _refuse_async(fn, f"job {self.name!r}: the decomposer")
         self.decomposer = fn
         return fn
 
@@ -77,8 +83,11 @@ class Job:
         if after is not None and (not self.stages or self.stages[-1].name != after):
             raise UsageError(f"stage {name!r} must be declared right after stage {after!r}")
         policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay)
+        if verify is not None:
+            _refuse_async(verify, f"job {self.name!r}, stage {name!r}: the verify hook")
 
         def register(fn: Handler) -> Handler:
+            _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
             self.stages.append(Stage(name, fn, idempotent, policy, verify))
             self._after.clear()
             return fn
@@ -94,6 +103,7 @@ class Job:
         re-run if its process dies inside it, so it should be idempotent."""
 
         def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            _refuse_async(hook, f"job {self.name!r}: the closing hook")
             self.on_complete_fn = hook
             policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
             self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None)
@@ -133,6 +143,17 @@ class Job:
             raise UsageError(f"job {self.name!r} has no decomposer (@job.decompose)")
         if not self.stages:
             raise UsageError(f"job {self.name!r} has no stage (@job.stage)")
+
+
+def _refuse_async(fn: Any, what: str) -> None:
+    """An ``async def`` function would return an unawaited coroutine for every item: refuse it
+    where it is declared, not when each item fails."""
+    call = inspect.getattr_static(type(fn), "__call__", None)  # an object with async __call__
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call) \
+            or inspect.isasyncgenfunction(fn):
+        raise UsageError(f"{what} is an async function; workledger runs plain functions only "
+                         "(async handlers are not supported yet): wrap it, e.g. "
+                         "lambda item, ctx: asyncio.run(handler(item, ctx))")
 
 
 def _unbound_closing(item: Any, ctx: Any) -> Any:
