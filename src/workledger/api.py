@@ -10,10 +10,8 @@ import os
 import random
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from workledger.core.status import RunFacts, derive
 from workledger.errors import (
     DecompositionFailed,
     PayloadMismatch,
@@ -25,10 +23,14 @@ from workledger.runtime import operations
 from workledger.runtime.audit import Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
-from workledger.runtime.reconcile import reconcile
+from workledger.runtime.operations import RESOLVE_TARGETS
+from workledger.runtime.reconcile import differences, reconcile
+from workledger.runtime.results import RunStatus, Submission
+from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
-from workledger.storage import DEFAULT_URL, display_url, open_store
+from workledger.storage import DEFAULT_URL, open_store
+from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
     EventRow,
     ItemRow,
@@ -39,44 +41,10 @@ from workledger.storage.port import (
     Store,
 )
 
-
-@dataclass(frozen=True)
-class RunStatus:
-    """A run's state derived from its items (never from its stored counters alone)."""
-
-    run_id: int
-    job: str
-    key: str
-    state: str
-    total: int
-    complete: bool
-    counts: dict[str, dict[str, int]]
-    processed: int
-    failed: int
-    skipped: int
-    next: str
-    created_at: str
-    decomposed_at: str | None
-    completed_at: str | None
-    error: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Submission:
-    run_id: int
-    created: bool
-    status: RunStatus
-
-    @property
-    def state(self) -> str:
-        return self.status.state
-
-    @property
-    def next(self) -> str:
-        return self.status.next
+# What the CLI and the HTTP layer use besides the Ledger: they reach the runtime and the
+# storage only through this module.
+__all__ = ["DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus", "Submission",
+           "SweepReport", "WorkReport", "Worker", "differences", "masked_url"]
 
 
 class Ledger:
@@ -108,6 +76,11 @@ class Ledger:
                     raise
                 self._store = store
             return self._store
+
+    @property
+    def where(self) -> str:
+        """The database URL with any password masked: safe to print."""
+        return masked_url(self.url)
 
     def use(self, url: str) -> None:
         """Point this ledger at another database (the CLI's ``--db``)."""
@@ -278,7 +251,7 @@ class Ledger:
     def _run(self, run_id: int) -> RunRow:
         run = self.store.run_get(run_id)
         if run is None:
-            raise UnknownRun(f"no run {run_id} in {display_url(self.url)}")
+            raise UnknownRun(f"no run {run_id} in {self.where}")
         return run
 
     def status(self, run_id: int) -> RunStatus:
@@ -298,35 +271,4 @@ class Ledger:
         return self.store.events_list(run_id, item_id)
 
     def _status_of(self, run: RunRow) -> RunStatus:
-        counts = self.store.run_counts(run.id)
-        job = self.jobs.get(run.job)
-        expired, waiting = self.store.run_waits(run.id)
-        facts = RunFacts(
-            stages=[s.name for s in job.stages] if job else list(counts),
-            counts=counts,
-            decomposed=run.decomposed_at is not None,
-            paused=run.paused_at is not None,
-            cancelled=run.cancelled_at is not None,
-            error=run.error,
-            expired_leases=expired,
-            retries_waiting=waiting,
-            tolerate=_tolerance(run, job),
-        )
-        d = derive(facts)
-        return RunStatus(
-            run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state,
-            total=d.units.total, complete=d.complete, counts=counts,
-            processed=d.units.processed, failed=d.units.failed, skipped=d.units.skipped,
-            next=d.next, created_at=str(run.created_at),
-            decomposed_at=None if run.decomposed_at is None else str(run.decomposed_at),
-            completed_at=None if run.completed_at is None else str(run.completed_at),
-            error=run.error,
-        )
-
-
-def _tolerance(run: RunRow, job: Job | None) -> float | int:
-    """The tolerance the run was submitted under; for runs older than migration 0003, the
-    loaded job definition's (0 without one)."""
-    if run.tolerate is not None:
-        return run.tolerate
-    return job.tolerate if job else 0
+        return status_of(self.store, run, self.jobs.get(run.job))

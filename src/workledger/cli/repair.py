@@ -11,10 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from workledger.cli import Settings, cli, echo_json, one_line
+from workledger.api import RESOLVE_TARGETS, differences
+from workledger.cli.output import echo_json, one_line
+from workledger.cli.settings import Settings
 from workledger.errors import UsageError
-from workledger.runtime.operations import RESOLVE_TARGETS
-from workledger.runtime.reconcile import differences
 
 NOTE = click.option("--note", metavar="TEXT", help="Why: recorded with the action in wl_events.")
 JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -26,7 +26,7 @@ def _needs_app(settings: Settings) -> None:
                          "or set WORKLEDGER_APP")
 
 
-@cli.command()
+@click.command()
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds without decomposition progress before a run is re-decomposed.")
 @JSON
@@ -43,7 +43,7 @@ def sweep(settings: Settings, grace: float, as_json: bool) -> None:
         click.echo(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(report).items()))
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @click.option("--stage", help="Only failed items of this stage.")
 @click.option("--item", "seqs", type=int, multiple=True, metavar="SEQ",
@@ -57,7 +57,7 @@ def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, .
     click.echo(f"run {run_id}: redrove {n} failed item{'s' if n != 1 else ''}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @click.option("--stage", required=True, help="The item's stage.")
 @click.option("--item", "seq", required=True, type=int, metavar="SEQ", help="The item's seq.")
@@ -73,7 +73,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seq: int, as_state: str
     click.echo(f"run {run_id}: item {stage}/{seq} resolved as {as_state}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @NOTE
 @click.pass_obj
@@ -83,7 +83,7 @@ def pause(settings: Settings, run_id: int, note: str | None) -> None:
     click.echo(f"run {run_id}: {'paused' if done else 'already paused or cancelled'}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @NOTE
 @click.pass_obj
@@ -93,7 +93,7 @@ def resume(settings: Settings, run_id: int, note: str | None) -> None:
     click.echo(f"run {run_id}: {'resumed' if done else 'was not paused'}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @NOTE
 @click.pass_obj
@@ -106,7 +106,7 @@ def cancel(settings: Settings, run_id: int, note: str | None) -> None:
         click.echo(f"run {run_id}: cancelled; {n} pending item{'s' if n != 1 else ''} skipped")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int)
 @click.option("--stage", required=True, help="The item's stage.")
 @click.option("--item", "seq", required=True, type=int, metavar="SEQ", help="The item's seq.")
@@ -128,12 +128,19 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
     if i.error:
         click.echo(f"reason  {one_line(i.error)}")
     table = Table("at", "event", "token", "actor", "detail")
+    traces: list[tuple[str, str, str]] = []
     for e in story.events:
-        table.add_row(e.at, e.kind, str(e.lease_token or ""), e.actor or "", str(e.detail or ""))
+        detail = e.detail
+        if isinstance(detail, dict) and isinstance(detail.get("traceback"), str):
+            traces.append((e.at, e.kind, detail["traceback"]))
+            detail = {k: v for k, v in detail.items() if k != "traceback"}
+        table.add_row(e.at, e.kind, str(e.lease_token or ""), e.actor or "", str(detail or ""))
     Console(markup=False).print(table)
+    for at, kind, trace in traces:
+        click.echo(f"\ntraceback of the {kind} event at {at}:\n{trace.rstrip()}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id", metavar="RUN", type=int, required=False)
 @click.option("--all", "every", is_flag=True, help="Every run (most recent 10,000).")
 @click.option("--dry-run", is_flag=True, help="Show the differences, change nothing.")
@@ -166,7 +173,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
         click.echo(f"run {entry['run_id']}: {verb}: {text}")
 
 
-@cli.command()
+@click.command()
 @JSON
 @click.pass_obj
 def audit(settings: Settings, as_json: bool) -> None:
@@ -185,3 +192,6 @@ def audit(settings: Settings, as_json: bool) -> None:
         Console(markup=False, width=160).print(table)
     if any(f.needs_person for f in findings):
         raise click.exceptions.Exit(1)
+
+
+COMMANDS = (sweep, retry, resolve, pause, resume, cancel, history, reconcile, audit)

@@ -24,10 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from workledger.api import Ledger, RunStatus
-from workledger.cli import watch_run
 from workledger.demos import events as app
 from workledger.errors import AppError
-from workledger.storage import display_url
+from workledger.progress import watch_run
 
 APP = "workledger.demos.events:ledger"
 STARTUP_DEADLINE = 120.0  # seconds a worker may take to reach the kill point
@@ -48,7 +47,7 @@ def run_events_demo(opts: DemoOptions, console: Console) -> bool:
     ledger = app.ledger
     ledger.use(opts.url)
     sink = app.sink_for(opts.url)
-    console.print(f"ledger  {display_url(opts.url)}\nsink    {sink.path} (the downstream system)",
+    console.print(f"ledger  {ledger.where}\nsink    {sink.path} (the downstream system)",
                   markup=False)
     payload = {"events": app.make_events(opts.events)}
     sub = ledger.submit(app.JOB, payload, key=f"events-demo-{opts.events}")

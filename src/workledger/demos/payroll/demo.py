@@ -35,7 +35,6 @@ from workledger.demos.payroll.config import (
 from workledger.demos.payroll.job import build
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import MailSink
-from workledger.storage import display_url
 
 WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
 
@@ -257,7 +256,7 @@ def _report(demo: Demo, created: bool) -> int:
     demo.console.print("nothing generated or sent twice", markup=False)
     cmd = "workledger"
     if demo.url != "sqlite:///workledger.db":
-        cmd += f" --db {display_url(demo.url)}"
+        cmd += f" --db {demo.ledger.where}"
     demo.console.print(f"look closer: {cmd} status {demo.run_id}\n"
                        f"             {cmd} items {demo.run_id} --state failed", markup=False)
     return 0

@@ -1,0 +1,180 @@
+"""Commands that record and move work: init, submit, worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from workledger.api import RunStatus, Worker, WorkReport
+from workledger.cli.output import echo_json, status_dict
+from workledger.cli.settings import Settings
+from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageError
+
+
+@click.command()
+@click.pass_obj
+def init(settings: Settings) -> None:
+    """Create or upgrade the ledger schema (safe to repeat)."""
+    ledger = settings.ledger()
+    applied = ledger.init()
+    where = ledger.where
+    if applied:
+        click.echo(f"{where}: applied migration{'s' if len(applied) > 1 else ''} "
+                   + ", ".join(str(v) for v in applied))
+    else:
+        click.echo(f"{where}: up to date")
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+def read_payload(payload: str | None, payload_file: str | None) -> dict[str, Any]:
+    if payload is not None and payload_file is not None:
+        raise BadInput("give --payload or --payload-file, not both")
+    if payload_file is not None:
+        try:
+            text = sys.stdin.read() if payload_file == "-" else Path(payload_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read payload file {payload_file}: {exc}") from exc
+    else:
+        text = "{}" if payload is None else payload
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"payload is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise BadInput(f"payload must be a JSON object, not a {type(value).__name__}")
+    return value
+
+
+def submission_line(created: bool, st: RunStatus) -> str:
+    done = f"{st.processed} processed, {st.failed} failed, {st.skipped} skipped of {st.total}"
+    if created:
+        return f"run {st.run_id} created (key {st.key}): {st.state}, {done}; next: {st.next}"
+    return (f"run {st.run_id} already exists for key {st.key} (nothing new written): "
+            f"{st.state}, {done}; next: {st.next}")
+
+
+@click.command()
+@click.argument("job")
+@click.option("--payload", metavar="JSON", help="The run's payload, a JSON object. [default {}]")
+@click.option("--payload-file", metavar="PATH", help="Read the payload from a file ('-': stdin).")
+@click.option("--key", help="Idempotency key: the same key returns the same run. "
+                            "[default: a hash of the payload]")
+@click.option("--json", "as_json", is_flag=True, help="Print the submission as JSON.")
+@click.pass_obj
+def submit(settings: Settings, job: str, payload: str | None, payload_file: str | None,
+           key: str | None, as_json: bool) -> None:
+    """Record a run of JOB, write one item per unit, and print its real state.
+
+    Submitting again with the same key returns the existing run (created: false) with its
+    real state; the same key with a different payload is refused and nothing is written.
+    """
+    value = read_payload(payload, payload_file)
+    ledger = settings.ledger()
+    if not ledger.jobs:
+        raise UnknownJob(f"unknown job {job!r}: no app loaded "
+                         "(pass --app module:attribute or set WORKLEDGER_APP)")
+    try:
+        sub = ledger.submit(job, value, key=key)
+    except DecompositionFailed as exc:
+        if as_json and exc.status is not None:
+            echo_json({"run_id": exc.run_id, "created": True, **status_dict(exc.status)})
+        raise DecompositionFailed(f"run {exc.run_id} stays accepted with nothing dispatched: "
+                                  f"{exc}", exc.run_id, exc.status) from exc
+    if as_json:
+        echo_json({"run_id": sub.run_id, "created": sub.created, **status_dict(sub.status)})
+    else:
+        click.echo(submission_line(sub.created, sub.status))
+
+
+# -- worker ------------------------------------------------------------------------------------
+
+
+# -- worker ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def stop_on_signals(worker: Worker) -> Iterator[list[int]]:
+    """First SIGTERM/SIGINT: stop cleanly. A second one: exit at once."""
+    received: list[int] = []
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            os.write(2, f"{name} again: exiting now; held items return when their leases "
+                        "expire\n".encode())
+            os._exit(128 + signum)
+        received.append(signum)
+        os.write(2, f"{name}: stopping; running handlers finish, unstarted items are released "
+                    "(signal again to exit at once)\n".encode())
+        worker.stop()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def report_line(report: WorkReport, how: str) -> str:
+    return (f"worker {how}: claimed {report.claimed}, processed {report.processed}, "
+            f"failed {report.failed}, skipped {report.skipped}, retried {report.retried}, "
+            f"stale {report.stale} (released {report.released}, reclaimed {report.reclaimed})")
+
+
+@click.command()
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Handler threads.")
+@click.option("--chunk", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Items claimed per claim.")
+@click.option("--lease", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Lease in seconds, renewed while handlers run.")
+@click.option("--until-idle", is_flag=True,
+              help="Exit once nothing is claimable and nothing will be without a person.")
+@click.option("--job", "jobs", multiple=True, metavar="NAME",
+              help="Work only on this job (repeatable). [default: every job of the app]")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+@click.pass_obj
+def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until_idle: bool,
+           jobs: tuple[str, ...], as_json: bool) -> None:
+    """Claim items in chunks under leases, run their handlers, record outcomes.
+
+    SIGTERM or SIGINT stops it cleanly: running handlers finish, unstarted items are released
+    (a second signal exits at once). Prints a one-line summary at the end.
+    """
+    ledger = settings.ledger()
+    if not ledger.jobs:
+        raise UsageError("no jobs to work on: pass --app module:attribute or set WORKLEDGER_APP")
+    w = ledger.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk, lease=lease,
+                      jobs=list(jobs) or None)
+    names = ", ".join(jobs or sorted(ledger.jobs))
+    click.echo(f"worker {w.worker_id} on {ledger.where}: jobs {names}; "
+               f"concurrency {concurrency}, chunk {chunk}, lease {lease:g}s", err=True)
+    with stop_on_signals(w) as received:
+        report = w.run()
+    how = f"stopped by {signal.Signals(received[0]).name}" if received else "idle, done"
+    if as_json:
+        echo_json({"worker_id": w.worker_id, "stopped_by": how, **asdict(report)})
+    else:
+        click.echo(report_line(report, how))
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+COMMANDS = (init, submit, worker)

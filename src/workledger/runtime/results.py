@@ -1,0 +1,45 @@
+"""What a reader gets back: a run's status derived from the ledger, and a submission."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state derived from its items (never from its stored counters alone)."""
+
+    run_id: int
+    job: str
+    key: str
+    state: str
+    total: int
+    complete: bool
+    counts: dict[str, dict[str, int]]
+    processed: int
+    failed: int
+    skipped: int
+    next: str
+    created_at: str
+    decomposed_at: str | None
+    completed_at: str | None
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Submission:
+    run_id: int
+    created: bool
+    status: RunStatus
+
+    @property
+    def state(self) -> str:
+        return self.status.state
+
+    @property
+    def next(self) -> str:
+        return self.status.next

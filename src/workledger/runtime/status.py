@@ -1,0 +1,45 @@
+"""A run's status for a reader: :func:`status_of` is the one place it is computed (for the
+CLI, the facade and the sweeper's closing hook), from the projection and the run's markers."""
+
+from __future__ import annotations
+
+from workledger.core.status import RunFacts, derive
+from workledger.runtime.jobs import Job
+from workledger.runtime.results import RunStatus
+from workledger.storage.port import RunRow, Store
+
+
+def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
+    """``run``'s status from its stage counts, leases and markers (``job``: its definition,
+    when loaded, for the order of its stages)."""
+    counts = store.run_counts(run.id)
+    expired, waiting = store.run_waits(run.id)
+    facts = RunFacts(
+        stages=[s.name for s in job.stages] if job else list(counts),
+        counts=counts,
+        decomposed=run.decomposed_at is not None,
+        paused=run.paused_at is not None,
+        cancelled=run.cancelled_at is not None,
+        error=run.error,
+        expired_leases=expired,
+        retries_waiting=waiting,
+        tolerate=_tolerance(run, job),
+    )
+    d = derive(facts)
+    return RunStatus(
+        run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state,
+        total=d.units.total, complete=d.complete, counts=counts,
+        processed=d.units.processed, failed=d.units.failed, skipped=d.units.skipped,
+        next=d.next, created_at=str(run.created_at),
+        decomposed_at=None if run.decomposed_at is None else str(run.decomposed_at),
+        completed_at=None if run.completed_at is None else str(run.completed_at),
+        error=run.error,
+    )
+
+
+def _tolerance(run: RunRow, job: Job | None) -> float | int:
+    """The tolerance the run was submitted under; for runs older than migration 0003, the
+    loaded job definition's (0 without one)."""
+    if run.tolerate is not None:
+        return run.tolerate
+    return job.tolerate if job else 0

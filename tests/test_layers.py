@@ -1,0 +1,142 @@
+"""The layers hold (docs/design.md "Layers"), read from the code's own imports.
+
+Every ``import`` in ``src/workledger`` counts, at module level or inside a function, except
+those under ``if TYPE_CHECKING:``. The rules: no module imports itself back through others
+(no cycle); the pure core imports nothing outside the standard library and itself; only
+``storage`` imports a database driver; the CLI reaches the runtime and the storage only
+through the facade (``workledger.api``); the demos use the public API only.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PUBLIC = {"workledger", "workledger.api", "workledger.errors", "workledger.progress"}
+DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((SRC / "workledger").rglob("*.py"))}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, package: str) -> set[str]:
+    found: set[str] = set()
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            found |= set().union(*(_imports(n, package) for n in node.orelse))
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+        found |= _imports(node, package)
+    return found
+
+
+@cache
+def imports_of(name: str) -> frozenset[str]:
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return frozenset(_imports(ast.parse(path.read_text()), package))
+
+
+def internal_imports(name: str) -> set[str]:
+    """The workledger modules ``name`` imports (a ``from pkg import mod`` names the module)."""
+    return {i for i in imports_of(name) if i in modules() and i != name}
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = {name: internal_imports(name) for name in modules()}
+    # a package's __init__ importing its own submodules is how it hands them on, not a loop
+    for name, deps in graph.items():
+        graph[name] = {d for d in deps if not (d.startswith(name + ".")
+                                                and modules()[name].name == "__init__.py")}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_the_core_imports_only_the_standard_library_and_itself() -> None:
+    for name in modules():
+        if not name.startswith("workledger.core"):
+            continue
+        outside = {i for i in imports_of(name)
+                   if not i.startswith("workledger.core") and i != "__future__"
+                   and i.split(".")[0] not in sys.stdlib_module_names}
+        assert outside == set(), name
+
+
+def test_only_the_storage_imports_a_database_driver() -> None:
+    """(The demos are user code with stores of their own: an employee file, a mail sink.)"""
+    for name in modules():
+        if name.startswith("workledger.demos"):
+            continue
+        drivers = {i for i in imports_of(name) if i.split(".")[0] in DRIVERS}
+        if drivers:
+            assert name.startswith("workledger.storage"), (name, drivers)
+
+
+def test_the_cli_reaches_the_runtime_and_the_storage_only_through_the_facade() -> None:
+    for name in modules():
+        if name.startswith("workledger.cli"):
+            reached = {i for i in internal_imports(name)
+                       if i.startswith(("workledger.runtime", "workledger.storage",
+                                        "workledger.core"))}
+            assert reached == set(), name
+
+
+def test_the_demos_use_the_public_api_only() -> None:
+    for name in modules():
+        if name.startswith("workledger.demos"):
+            private = {i for i in internal_imports(name)
+                       if not i.startswith("workledger.demos") and i not in PUBLIC}
+            assert private == set(), name
+
+
+def test_the_reading_of_imports_sees_what_these_rules_need() -> None:
+    """The rules above are only as good as this reading: check it on known facts."""
+    assert "workledger.api" in internal_imports("workledger.cli.work")
+    assert "workledger.runtime.jobs" in internal_imports("workledger.api")
+    assert "sqlite3" in imports_of("workledger.storage.sqlite")
+    # a function-level import counts (the CLI loads a demo only when asked)
+    assert "workledger.demos.payroll" in internal_imports("workledger.cli.demo")
