@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 demo: $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo]'
 	$(BIN)/workledger demo payroll
 
 test: $(BIN)/python
