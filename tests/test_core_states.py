@@ -1,4 +1,4 @@
-"""Item states and transitions (DESIGN.md "States"): the table, refusals, one-way terminals."""
+"""Item states and transitions (docs/design.md): the table, refusals, one-way terminals."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 S = ItemState
 T = Transition
 
-# Written out from DESIGN.md "States", independently of the module's own table.
+# Written out from docs/design.md ("Item states"), independently of the module's own table.
 ALLOWED: dict[tuple[ItemState, Transition], ItemState] = {
     (S.PENDING, T.CLAIM): S.CLAIMED,
     (S.PENDING, T.CANCEL): S.SKIPPED,  # run cancelled: reason 'cancelled'

@@ -1,4 +1,4 @@
-"""Item states and the transitions allowed between them (DESIGN.md "States").
+"""Item states and the transitions allowed between them (docs/design.md, "Item states").
 
 Each state's docstring-like entry in ``MOVED_BY`` names the part of the system that moves an
 item out of it, so nothing is stranded without a named way back in.
