@@ -1,4 +1,4 @@
-"""After migrate(), a fresh schema has exactly the public columns of DESIGN.md (schema is public).
+"""After migrate(), a fresh schema has exactly the public columns (docs/design.md, public schema).
 
 The schema is read back through a raw driver connection opened from the test URL (only tests do
 this; src/ keeps drivers inside workledger.storage).

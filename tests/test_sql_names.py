@@ -1,4 +1,4 @@
-"""The two dialects name the same queries and number the same migrations (STYLE.md: SQL files)."""
+"""The two dialects name the same queries and number the same migrations (docs/contributing.md)."""
 
 from __future__ import annotations
 

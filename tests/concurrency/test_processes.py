@@ -1,4 +1,4 @@
-"""Concurrency as separate OS processes, on both backends (issue 2, "Tests"; RELIABILITY.md).
+"""Concurrency as separate OS processes, on both backends (issue 2, "Tests"; docs/reliability.md).
 
 Every worker here is a real process running ``tests/concurrency/procs.py``; handlers append
 what they did to an append-only effects sink (a separate SQLite file without unique

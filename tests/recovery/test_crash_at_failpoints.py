@@ -1,5 +1,5 @@
 """Crash a real process at each named failpoint, recover, and check the oracle
-(RELIABILITY.md): nothing lost, nothing done twice, terminal one-way, counters reconcile,
+(docs/reliability.md): nothing lost, nothing done twice, terminal one-way, counters reconcile,
 and the run settles."""
 
 from __future__ import annotations

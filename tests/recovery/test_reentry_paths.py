@@ -1,4 +1,4 @@
-"""Each re-entry path of DESIGN.md not covered elsewhere, driven by a real crash or fault."""
+"""Each re-entry path of docs/design.md not covered elsewhere, driven by a real crash or fault."""
 
 from __future__ import annotations
 

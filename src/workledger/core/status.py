@@ -1,7 +1,7 @@
 """Derive a run's state, its unit counters and who moves it next, from ledger facts.
 
 Everything here is computed from item counts and run markers; nothing stored is trusted on
-its own (DESIGN invariant 7).
+its own (docs/design.md, invariant 7).
 """
 
 from __future__ import annotations

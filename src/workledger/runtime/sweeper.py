@@ -4,7 +4,7 @@ One pass (``workledger sweep``; every worker also runs it periodically) does fou
 safe when two sweepers race, because every write is guarded by the state it moves from:
 
 - re-decomposes runs accepted but never (or only partly) decomposed, from the retained payload;
-- handles expired leases by the stage's declaration (DESIGN invariant 5): idempotent -> pending,
+- handles expired leases as the stage declares (docs/design.md, invariant 5): idempotent -> pending,
   ``verify`` hook -> ask it, otherwise -> ``unknown`` for a person to ``resolve``;
 - asks ``verify`` hooks about ``unknown`` items still awaiting them;
 - runs the closing hook of complete runs, once, as a ledger entry of its own.

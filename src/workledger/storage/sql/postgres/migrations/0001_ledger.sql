@@ -1,4 +1,4 @@
--- 0001: the ledger: runs, items, events (DESIGN.md "The schema is public").
+-- 0001: the ledger: runs, items, events (docs/design.md, "The public schema").
 -- Same tables and columns as the SQLite schema; PostgreSQL types: bigint identity ids, jsonb documents,
 -- timestamptz times (the database clock), and a sequence for fencing tokens.
 CREATE TABLE wl_runs (

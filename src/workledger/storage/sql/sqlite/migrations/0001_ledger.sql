@@ -1,4 +1,4 @@
--- 0001: the ledger: runs, items, events (DESIGN.md "The schema is public").
+-- 0001: the ledger: runs, items, events (docs/design.md, "The public schema").
 CREATE TABLE wl_runs (
     id              INTEGER PRIMARY KEY,
     job             TEXT    NOT NULL,
