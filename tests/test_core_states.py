@@ -3,6 +3,8 @@ who moves what, refusals. ``tests/test_transitions_sql.py`` checks the SQL again
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,14 +57,29 @@ def test_every_row_is_unique_by_name_actor_and_target() -> None:
     assert len(keys) == len(set(keys))
 
 
-def test_a_name_means_one_pair_except_resolve_which_names_its_outcome() -> None:
+def test_a_name_means_one_pair_except_insert_and_resolve_which_name_their_outcome() -> None:
     for name in {m.name for m in MOVES}:
         pairs = {(m.source, m.target) for m in MOVES if m.name == name}
         if name == "resolve":
             assert pairs == {(S.UNKNOWN, S.PROCESSED), (S.UNKNOWN, S.FAILED),
                              (S.UNKNOWN, S.PENDING)}
+        elif name == "insert":
+            assert pairs == {(None, S.PENDING), (None, S.SKIPPED)}
         else:
             assert len(pairs) == 1, name
+
+
+def test_the_design_documents_exactly_the_table_of_moves() -> None:
+    """docs/design.md's transition table and core/states.py's MOVES are the same rows."""
+    design = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    rows = set()
+    for line in design.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[3] in {a.value for a in Actor}:
+            rows.add((cells[0], None if cells[1] == "(none)" else cells[1], cells[2], cells[3]))
+    code = {(m.name, None if m.source is None else m.source.value, m.target.value,
+             m.actor.value) for m in MOVES}
+    assert rows == code
 
 
 def test_move_finds_the_row_for_its_actor_and_refuses_another_actor() -> None:

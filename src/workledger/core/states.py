@@ -66,11 +66,11 @@ def _rows(name: str, source: ItemState | None, target: ItemState, where: str,
 
 MOVES: tuple[Move, ...] = tuple(
     _rows("insert", None, _P, "items_insert", _DEC)
-    + _rows("insert_skipped", None, _S, "items_insert", _DEC)
+    + _rows("insert", None, _S, "items_insert", _DEC)
     # the next stage's row, written in the transaction that finishes (or settles) this one;
     # the sweeper inserts a run's '@close' entry the same way it is claimed: as an item
     + _rows("handoff", None, _P, "items_handoff", _WRK, _SWP, _OPR)
-    + _rows("close_entry", None, _P, "items_insert", _SWP)
+    + _rows("insert_close", None, _P, "items_insert", _SWP)
     + _rows("claim", _P, _C, "items_claim", _WRK, _SWP)
     + _rows("complete", _C, _D, _FINISH, _WRK, _SWP)
     + _rows("fail", _C, _F, _FINISH, _WRK, _SWP)
@@ -103,7 +103,7 @@ class IllegalTransition(ValueError):
 
 def move(name: str, actor: Actor, target: ItemState | None = None) -> Move:
     """The row of :data:`MOVES` for ``name`` made by ``actor`` (and ``target``, where a move
-    has several, as ``resolve`` has); :class:`IllegalTransition` when there is none.
+    has several, as ``insert`` and ``resolve`` have); :class:`IllegalTransition` when there is none.
 
     >>> move("redrive", Actor.OPERATOR).target
     <ItemState.PENDING: 'pending'>
