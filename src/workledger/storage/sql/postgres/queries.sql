@@ -110,9 +110,6 @@ FROM unnest(%(seqs)b::bigint[], %(keys)b::text[], %(datas)b::text[], %(states)b:
             %(errors)b::text[]) AS u (seq, key, data, state, error)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
--- name: lease_token_next
-SELECT nextval('wl_lease_token_seq');
-
 -- name: items_claim
 -- moves: pending -> claimed
 -- One statement: one token for the whole claim (a volatile CTE is evaluated once), the chunk locked

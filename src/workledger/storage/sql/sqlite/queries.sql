@@ -1,4 +1,4 @@
--- SQLite queries. Every name here exists in ../postgres/queries.sql too (tests check it).
+-- SQLite queries. All but lease_token_next exist in ../postgres/queries.sql too (tests check it).
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', computed by the database.
 -- A '-- moves:' line lists every change of wl_items.state its statement can make; a test
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
@@ -105,6 +105,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: lease_token_next
+-- SQLite only: without sequences or writing CTEs the claim takes its token in a statement of
+-- its own. PostgreSQL's items_claim takes it from wl_lease_token_seq itself.
 UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value;
 
 -- name: items_claim

@@ -1,0 +1,351 @@
+"""The adapters' shared body: every port method written once, over ``dialect.Dialect``'s hooks.
+
+What a transaction writes, in which order, and where a failpoint marks its durable boundary is
+decided here, once for both databases. Statements run in PostgreSQL's lock order: item rows
+first, then the ``wl_runs`` row, then the ``wl_stage_counts`` rows sorted by (stage, state) as
+the transaction's last statement. Statements that return a row per item are read as plain
+tuples (``_tuples``); the few others by column name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
+
+from workledger.errors import UnknownRun
+from workledger.storage import common
+from workledger.storage.dialect import C, Dialect
+from workledger.storage.port import (
+    ClaimedItem,
+    ClaimParams,
+    EventRow,
+    FinishParams,
+    FinishResult,
+    ItemRow,
+    ItemsInsert,
+    ItemsQuery,
+    LeaseParams,
+    NewEvent,
+    NewRun,
+    Outlook,
+    Projection,
+    ReclaimParams,
+    Reconciled,
+    RunRow,
+    SettleParams,
+)
+from workledger.storage.queries import migrations
+
+# The columns of a finish's and a settle's row set (``common.finish_rows``, ``settle_rows``),
+# named as the parameters of a dialect that sends a row set as parallel arrays.
+FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "charges")
+SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
+
+
+class LedgerStore(Dialect[C]):
+    """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._tx() as conn:
+            done = self._versions(conn)
+            for version, _name, sql in migrations(self.dialect):
+                if version not in done:
+                    self._apply(conn, version, sql)
+                    applied.append(version)
+        return applied
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
+                  "tolerate": new.tolerate}
+        with self._tx() as conn:
+            inserted = conn.execute(self.Q["run_insert"], params).fetchone()
+            row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
+            if inserted is not None:
+                conn.execute(self.Q["events_add"], common.run_event(
+                    row["id"], "submitted", None, key=new.idempotency_key))
+        if inserted is not None:
+            common.failpoint("submit.after_commit")
+        return self._run(row), inserted is not None
+
+    def run_get(self, run_id: int) -> RunRow | None:
+        rows = self._read(self.Q["run_get"], {"run_id": run_id})
+        return self._run(rows[0]) if rows else None
+
+    def runs_list(self, limit: int = 100) -> list[RunRow]:
+        return [self._run(r) for r in self._read(self.Q["runs_list"], {"limit": limit})]
+
+    def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
+        common.failpoint("decompose.before_mark")
+        with self._tx() as conn:
+            row = conn.execute(self.Q["run_mark_decomposed"],
+                               {"run_id": run_id, "stage": first_stage}).fetchone()
+            if row is None:
+                raise UnknownRun(f"no run {run_id}")
+            conn.execute(self.Q["events_add"], common.run_event(run_id, "decomposed", None,
+                                                                total=row["total"]))
+        common.failpoint("decompose.after_mark")
+        return self._run(row)
+
+    def run_record_error(self, run_id: int, error: str | None) -> None:
+        with self._tx() as conn:
+            conn.execute(self.Q["run_record_error"], {"run_id": run_id, "error": error})
+
+    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
+        rows = self._read_tuples(self.Q["runs_claimable"], {"jobs": self._list(jobs)})
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
+        return common.counts_of(self._read_tuples(self.Q["run_counts"], {"run_id": run_id}))
+
+    def run_waits(self, run_id: int) -> tuple[int, int]:
+        expired, waiting = self._first(self._read_tuples(self.Q["run_waits"],
+                                                         {"run_id": run_id}))
+        return int(expired), int(waiting)
+
+    def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]:
+        rows = self._read(self.Q["runs_undecomposed"], {"grace": self._ago(grace_seconds)})
+        return [self._run(r) for r in rows]
+
+    def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]:
+        rows = self._read_tuples(self.Q["runs_to_close"],
+                                 {"jobs": self._list(jobs), "stage": stage})
+        return [int(r[0]) for r in rows]
+
+    def run_set_paused(self, run_id: int, paused: bool, actor: str, note: str | None) -> bool:
+        sql = self.Q["run_pause"] if paused else self.Q["run_resume"]
+        with self._tx() as conn:
+            done = conn.execute(sql, {"run_id": run_id}).fetchone()
+            if done is not None:
+                kind = "paused" if paused else "resumed"
+                conn.execute(self.Q["events_add"],
+                             common.run_event(run_id, kind, actor, note=note))
+        return done is not None
+
+    def run_cancel(self, run_id: int, actor: str, note: str | None) -> int:
+        with self._tx() as conn:
+            if conn.execute(self.Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
+                return -1
+            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
+            n = len(cancelled)
+            self._add_skipped(conn, run_id, n)
+            conn.execute(self.Q["events_add"], common.run_event(run_id, "cancelled", actor,
+                                                                note=note, items=n))
+            self._count(conn, run_id, common.Tally.moves((r[1] for r in cancelled),
+                                                         "pending", "skipped"))
+        return n
+
+    def _add_skipped(self, conn: C, run_id: int, n: int) -> None:
+        conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
+                                               "skipped": n}).fetchone()
+
+    def run_reconcile(
+        self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
+        repair: bool, actor: str,
+    ) -> Reconciled:
+        # One transaction holding the run row and then its counter rows, in the writers' order
+        # (PostgreSQL: FOR UPDATE, so a transaction that moves them waits; SQLite: one writer).
+        # Items and counters are then read by one statement, from one snapshot.
+        with self._tx() as conn:
+            locked = conn.execute(self.Q["run_lock"], {"run_id": run_id}).fetchone()
+            if locked is None:
+                raise UnknownRun(f"no run {run_id}")
+            run = self._run(locked)
+            conn.execute(self.Q["counts_lock"], {"run_id": run_id}).fetchall()
+            counts, stored_counts = common.compared_counts(
+                self._tuples(conn, self.Q["run_counts_compare"], {"run_id": run_id}))
+            derived = derive(run, counts)
+            stored = common.projection_of(run)
+            fix = repair and (stored != derived or stored_counts != counts)
+            if fix:
+                conn.execute(self.Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
+                conn.execute(self.Q["events_add"], common.reconcile_event(
+                    run_id, actor, stored, derived, stored_counts, counts))
+                self._add_counts(conn, run_id,
+                                 common.count_repairs(run_id, stored_counts, counts))
+                common.failpoint("reconcile.before_commit")
+        return Reconciled(stored=stored, derived=derived, repaired=fix,
+                          stored_counts=stored_counts, ledger_counts=counts)
+
+    def outlook(self, run_ids: Sequence[int]) -> Outlook:
+        rows = self._read_tuples(self.Q["outlook"], {"run_ids": self._list(run_ids)})
+        return common.outlook_from_row(tuple(self._first(rows)))
+
+    # -- items: decomposition and leases -----------------------------------------------------
+
+    def items_insert_many(self, params: ItemsInsert) -> int:
+        items = params.items
+        if not items:
+            return 0
+        rows = self._item_rows(params)
+        with self._tx() as conn:
+            self._lock_decomposition(conn, params.run_id)
+            # the rows already there (a re-decomposition) are not counted again
+            present = {r[0] for r in self._tuples(conn, self.Q["items_keys"], {
+                "run_id": params.run_id, "stage": params.stage, **common.seq_range(items)})}
+            inserted = self._insert_items(conn, rows)
+            self._count(conn, params.run_id,
+                        common.inserted_tally(params.stage, items, present))
+        common.failpoint("decompose.after_batch")
+        return inserted
+
+    def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
+        with self._tx() as conn:
+            rows = self._tuples(conn, self.Q["items_claim"], {
+                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                "after_id": params.after_id, "limit": params.limit,
+                **self._lease_token(conn)})
+            claimed = common.claimed_items(rows, decode=self.json_as_text)
+            if params.record_event and claimed:
+                self._many(conn, self.Q["events_add"],
+                           common.claim_events(claimed, params.actor))
+            if claimed:
+                self._count(conn, params.run_id, common.Tally.moves(
+                    map(itemgetter(2), rows), "pending", "claimed"))
+        common.failpoint("claim.after_commit")
+        return claimed
+
+    def items_mark_started(self, params: LeaseParams) -> list[int]:
+        with self._tx() as conn:
+            rows = self._tuples(conn, self.Q["items_mark_started"], {
+                "ids": self._list(params.ids), "token": params.lease_token})
+        return sorted(int(r[0]) for r in rows)
+
+    def items_heartbeat(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(self.Q["items_heartbeat"], {
+                "ids": self._list(params.ids), "token": params.lease_token,
+                "lease": self._lease(params.lease_seconds)})
+            return int(cur.rowcount)
+
+    def items_release(self, params: LeaseParams) -> int:
+        with self._tx() as conn:
+            rows = self._tuples(conn, self.Q["items_release"], {
+                "ids": self._list(params.ids), "token": params.lease_token})
+            self._count(conn, params.run_id, common.Tally.moves(
+                (r[0] for r in rows), "claimed", "pending"))
+            return len(rows)
+
+    def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
+        with self._tx() as conn:
+            rows = conn.execute(self.Q["leases_reclaim_expired"], {
+                "to_state": params.to_state, "reason": params.reason, "job": params.job,
+                "stage": params.stage, "limit": params.limit}).fetchall()
+            items = sorted(map(self._item, rows), key=attrgetter("id"))
+            if items:
+                self._many(conn, self.Q["events_add"], [
+                    common.event_params(e) for e in common.reclaim_events(items, params)])
+                tallies = common.reclaim_tallies(items, params.to_state)
+                for run_id in sorted(tallies):
+                    self._count(conn, run_id, tallies[run_id])
+                common.failpoint("reclaim.before_commit")
+        if items:
+            common.failpoint("reclaim.after_commit")
+        return items
+
+    # -- items: outcomes ---------------------------------------------------------------------
+
+    def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
+        if not params.finishes:
+            return FinishResult(applied=[], stale=[])
+        with self._tx() as conn:
+            groups = common.finish_groups(params.finishes, self.finish_shapes)
+            if groups is None:
+                plan, tally, applied = self._finish_rows(conn, params)
+            else:
+                plan, tally, applied = self._finish_groups(conn, params, groups)
+            self._write_plan(conn, params.run_id, plan, tally)
+            common.failpoint("complete.before_commit")
+            if plan.handoffs:
+                common.failpoint("handoff.before_commit")
+        common.failpoint("complete.after_commit")
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def _finish_rows(self, conn: C, params: FinishParams
+                     ) -> tuple[common.FinishPlan, common.Tally, set[int]]:
+        """The fenced update with a value per column per row (outcomes of many shapes)."""
+        found = self._tuples(conn, self.Q["items_finish_if_leased"], self._row_set(
+            common.finish_rows(params.finishes), FINISH_COLUMNS))
+        applied = {int(r[0]) for r in found}
+        plan = common.plan_after_finish(params, applied)
+        return plan, common.Tally.of_moves(found, plan.moved, "claimed"), applied
+
+    def _finish_groups(self, conn: C, params: FinishParams,
+                       groups: dict[common.GroupKey, list[int]]
+                       ) -> tuple[common.FinishPlan, common.Tally, set[int]]:
+        """One fenced update per outcome shape, over an id list (most chunks: one shape)."""
+        by_group = {key: self._tuples(conn, self.Q["items_finish_group"], {
+            "token": key[0], "state": key[1], "result": key[2], "error": key[3],
+            "delay": key[4], "charge": key[5], "ids": self._list(ids)})
+            for key, ids in groups.items()}
+        plan, tally = common.plan_after_groups(params, groups, by_group)
+        return plan, tally, {r[0] for rows in by_group.values() for r in rows}
+
+    def items_settle(self, params: SettleParams) -> FinishResult:
+        args = self._row_set(common.settle_rows(params.settles), SETTLE_COLUMNS)
+        args.update(from_state=params.from_state, run_id=params.run_id)
+        with self._tx() as conn:
+            found = self._tuples(conn, self.Q["items_settle"], args)
+            applied = {int(r[0]) for r in found}
+            plan = common.plan_after_settle(params, applied)
+            self._write_plan(conn, params.run_id, plan,
+                             common.Tally.of_moves(found, plan.moved, params.from_state))
+        return FinishResult(applied=sorted(applied), stale=plan.stale)
+
+    def _write_plan(self, conn: C, run_id: int, plan: common.FinishPlan,
+                    tally: common.Tally) -> None:
+        """What a finish or a settle writes besides the items: hand-offs, counters, history.
+        ``tally`` holds the count moves of the guarded update itself. The stage counts go
+        last: they are the rows every transaction of the run touches."""
+        if plan.handoffs:
+            for (stage,) in self._tuples(conn, self.Q["items_handoff"],
+                                         self._handoff_rows(plan.handoffs)):
+                tally.add(stage, "pending")
+        row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
+        if row is not None and row["cancelled_at"] is not None:
+            # the run was cancelled while this chunk ran: a retry or a hand-off must not
+            # leave a pending item behind in it
+            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
+            if cancelled:
+                tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
+                self._add_skipped(conn, run_id, len(cancelled))
+        if plan.events:
+            self._many(conn, self.Q["events_add"], [common.event_params(e) for e in plan.events])
+        self._count(conn, run_id, tally)
+
+    # -- items: reads ------------------------------------------------------------------------
+
+    def items_list(self, query: ItemsQuery) -> list[ItemRow]:
+        rows = self._read(self.Q["items_list"], {
+            "run_id": query.run_id, "stage": query.stage, "state": query.state,
+            "limit": query.limit, "after_id": query.after_id, "seq": query.seq})
+        return [self._item(r) for r in rows]
+
+    def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
+        rows = self._read_tuples(self.Q["items_keys"],
+                                 {"run_id": run_id, "stage": stage, "lo": lo, "hi": hi})
+        return {int(r[0]): r[1] for r in rows}
+
+    def items_attention(self, states: Sequence[str], limit: int = 1000) -> list[ItemRow]:
+        rows = self._read(self.Q["items_attention"],
+                          {"states": self._list(states), "limit": limit})
+        return [self._item(r) for r in rows]
+
+    def leases_expired(self, limit: int = 1000) -> list[ItemRow]:
+        return [self._item(r) for r in self._read(self.Q["leases_expired"], {"limit": limit})]
+
+    # -- events ------------------------------------------------------------------------------
+
+    def events_add(self, events: Sequence[NewEvent]) -> None:
+        if not events:
+            return
+        with self._tx() as conn:
+            self._many(conn, self.Q["events_add"], [common.event_params(e) for e in events])
+
+    def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
+        rows = self._read(self.Q["events_list"], {"run_id": run_id, "item_id": item_id})
+        return [self._event(r) for r in rows]
