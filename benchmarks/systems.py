@@ -157,7 +157,7 @@ wl2_verify = functools.partial(wl_verify, two_stage=True)
 
 def wl_after(url: str, run_id: int) -> dict[str, Any]:
     """After a drain (scale mode): ``reconcile(run)`` time and ``workledger status`` run as a
-    subprocess (its peak RSS from wait4, and its wall time)."""
+    subprocess (its peak RSS, its own VmHWM, and its wall time; see ``cli_status``)."""
     ledger = define(url)
     try:
         ledger.store  # noqa: B018
