@@ -5,7 +5,7 @@ difference in two: it drains N items with **workledger's own statements** (the n
 in ``src/workledger/storage/sql/<dialect>/queries.sql``, in the transactions the adapters use:
 claim + stage counts, then the grouped finish + the run's counters + stage counts), sent from a
 plain driver loop with no worker, thread pool, handler call or per-item Python object; and it
-drains the same N with the raw loop of bench.py, on the same machine, alternately.
+drains the same N with bench.py's raw loop (backends.py), on the same machine, alternately.
 
 What the first loop cannot beat is the cost of the ledger's schema (a wider row, the unique
 (run_id, stage, seq) key and the lease index kept on every update, timestamps, counters); what
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-import bench  # noqa: E402  (the raw loop and its schema)
+import backends  # noqa: E402  (bench.py's fresh databases and its raw loop)
 
 from workledger import Item, Ledger  # noqa: E402
 from workledger.storage.queries import queries  # noqa: E402
@@ -117,17 +117,18 @@ def wl_postgres(url: str, run_id: int, chunk: int) -> int:
 
 
 def one_round(backend: str, items: int, chunk: int) -> dict[str, float]:
-    """One drain per system, each on a fresh database (bench.py's backends make them)."""
-    place = bench.SqliteBackend(None) if backend == "sqlite" else bench.PostgresBackend(ADMIN)
+    """One drain per system, each on a fresh database (backends.py makes them)."""
+    place = (backends.SqliteBackend(None) if backend == "sqlite"
+             else backends.PostgresBackend(ADMIN))
     rates: dict[str, float] = {}
     try:
         for system in ("workledger SQL", "raw SQL"):
             with place.fresh() as url:
                 if system == "raw SQL":
-                    bench.raw_insert(url, items)
-                    state = bench.raw_prepare(url, chunk)
+                    backends.raw_insert(url, items)
+                    state = backends.raw_prepare(url, chunk)
                     t = time.perf_counter()
-                    n, _last, _ = bench.raw_drain(url, chunk, state)
+                    n, _last, _ = backends.raw_drain(url, chunk, state)
                     rates[system] = n / (time.perf_counter() - t)
                     state.close()
                     continue
@@ -150,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     args = ap.parse_args(argv)
-    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    names = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     report: Callable[[str], None] = print
     report(f"drain of N={args.items:,} items, chunk {args.chunk}, one process, "
            f"median of {args.rounds} [min-max] items/s")
-    for backend in backends:
+    for backend in names:
         samples: dict[str, list[float]] = {}
         for _ in range(args.rounds):
             for system, rate in one_round(backend, args.items, args.chunk).items():

@@ -23,14 +23,19 @@ timing a peer's drain to it favours the peer (its last status write, and its wor
 shutdown, come later; ``detail["returned"]`` is when its worker returned). ``setting`` is
 the batch size (pgqueuer) or the concurrency (procrastinate). Every import of a peer is lazy,
 so bench.py runs without them.
+
+How bench.py's options apply to the peers (which are installed, each one's setting and N,
+the driver, the header lines) is here too, before the peers themselves.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib
 import os
+import sys
 import time
 from typing import Any
 
@@ -92,6 +97,50 @@ def short(name: str, setting: int) -> str:
     if name == "procrastinate":
         return f"procrastinate c={setting}"
     return f"pgqueuer b={setting} {pgq_driver_name()}"
+
+
+# =============================================================================================
+# bench.py's options for the peers
+# =============================================================================================
+
+
+def drop_missing(systems: list[str]) -> list[str]:
+    """Remove from ``systems`` every peer that cannot be imported; one line for each, also
+    printed on stderr."""
+    notes = []
+    for peer in [s for s in systems if s in PEERS]:
+        why = missing(peer)
+        if why:
+            print(why, file=sys.stderr)
+            notes.append(why)
+            systems.remove(peer)
+    return notes
+
+
+def use_driver(name: str | None) -> None:
+    """--pgqueuer-driver: through the environment, which spawned workers inherit."""
+    if name:
+        os.environ["WL_BENCH_PGQ_DRIVER"] = name
+
+
+def settings(args: argparse.Namespace) -> dict[str, int]:
+    """Each peer's setting: procrastinate's concurrency, pgqueuer's batch size."""
+    return {"procrastinate": args.procrastinate_concurrency, "pgqueuer": args.pgqueuer_batch}
+
+
+def items(args: argparse.Namespace, name: str) -> int:
+    """Jobs per cell of peer ``name``: --peer-items (procrastinate) or --pgqueuer-items,
+    else --items."""
+    n = args.peer_items if name == "procrastinate" else args.pgqueuer_items
+    return n or args.items
+
+
+def header_lines(args: argparse.Namespace, backends: list[Any]) -> list[str]:
+    """One ``peer:`` line per peer measured (peers run on PostgreSQL only)."""
+    if not any(b.name == "postgres" for b in backends):
+        return []
+    chosen = settings(args)
+    return [f"peer: {describe(p, chosen[p])}" for p in PEERS if p in args.systems]
 
 
 def _noop_seen() -> None:
