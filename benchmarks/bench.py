@@ -33,7 +33,9 @@ Measured per cell:
 * Extras (``--extras``, default both): ``2stage``, the same N items through a job of two
   no-op idempotent stages ``a`` then ``b`` (rate in units: one unit = both stages);
   ``status``, one more workledger drain per backend and repetition while the parent calls
-  ``ledger.status(run)`` every 100 ms.
+  ``ledger.status(run)`` every 100 ms; and, only when asked, ``plain``: the same N items through
+  one no-op stage that is *not* idempotent, whose starts and outcomes are written as they
+  happen (one write each per item) rather than once per chunk.
 * ``--scale``: per backend a 1,000,000-item run (``--items`` when given) next to one of a
   tenth of it: decomposition, drain (1 process; also 2 on PostgreSQL), worker peak RSS,
   ``workledger status`` peak RSS as a subprocess, ``reconcile`` time, claim latency at start
@@ -130,11 +132,12 @@ def _peer_options(p: argparse.ArgumentParser) -> None:
                    help="pgqueuer driver (default asyncpg when installed, else psycopg)")
     p.add_argument("--procrastinate-concurrency", type=int, default=10,
                    help="procrastinate run_worker concurrency per process (default 10)")
-    p.add_argument("--extras", nargs="*", choices=["2stage", "status"],
+    p.add_argument("--extras", nargs="*", choices=["2stage", "status", "plain"],
                    default=["2stage", "status"],
                    help="workledger extras with --systems workledger (default both; give "
                         "the option alone for none): a two-stage drain per cell, and one "
-                        "drain per backend and repetition (first P, last C) with status polled")
+                        "drain per backend and repetition (first P, last C) with status polled; "
+                        "'plain' (not by default): a drain of a stage that is not idempotent")
     p.add_argument("--scale", action="store_true",
                    help=f"instead: the scale run ({scale.SCALE_ITEMS:,} items unless --items) "
                         "per backend, next to a run of a tenth of it; once, largest --chunk")

@@ -69,6 +69,8 @@ def grid_cells(args: argparse.Namespace, backends: list[Any], notes: list[str]) 
                     cells.append(Cell(b, system, args.items, procs, chunk))
                 if "workledger" in own and "2stage" in args.extras:
                     cells.append(Cell(b, "workledger-2stage", args.items, procs, chunk))
+                if "workledger" in own and "plain" in args.extras:
+                    cells.append(Cell(b, "workledger-plain", args.items, procs, chunk))
         if "workledger" in own and "status" in args.extras:
             cells.append(Cell(b, "workledger", args.items, args.processes[0], args.chunk[-1],
                               status=True))

@@ -51,14 +51,15 @@ PHASE_LABELS = {
     "decompose": "decompose",
     "drain": "claim+complete",
     "drain2": "2-stage claim+complete (units/s)",
+    "drain-plain": "claim+complete, stage not idempotent",
     "drain+status": "claim+complete, status polled",
     "drain+fair": "claim+complete, status polled + 10-item run",
     "enqueue": "decompose vs enqueue",
 }
-PHASE_ORDER = ["decompose", "drain", "drain2", "drain+status", "drain+fair"]
+PHASE_ORDER = ["decompose", "drain", "drain2", "drain-plain", "drain+status", "drain+fair"]
 # in --json only: the 2-stage decomposition (the same rows as decompose) and the loads of the
 # cells that poll status (their decomposition is measured by the plain cells)
-HIDDEN_PHASES = {"decompose2", "decompose+probe"}
+HIDDEN_PHASES = {"decompose2", "decompose-plain", "decompose+probe"}
 HEAD = ["backend", "phase", "N", "procs", "chunk", "workledger items/s [min-max]", "vs",
         "other items/s [min-max]", "wl/other", "claim ms start>end", "end/start 10%",
         "wl RSS MiB", "floors (not asserted)"]

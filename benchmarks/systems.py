@@ -34,6 +34,8 @@ import peers
 
 JOB = "bench-noop"
 JOB2 = "bench-2stage"  # stages "a" then "b", both no-op and idempotent
+JOB_PLAIN = "bench-plain"  # one no-op stage that is not idempotent: each start and outcome
+# is written as soon as it happens (what a stage with real effects costs in ledger writes)
 
 
 # =============================================================================================
@@ -52,12 +54,17 @@ def noop(item: Any, ctx: Any) -> None:
     return None
 
 
-def define(url: str, two_stage: bool = False) -> Any:
-    """A Ledger with the benchmark's job: one no-op stage, or stages "a" then "b"."""
+def define(url: str, two_stage: bool = False, plain: bool = False) -> Any:
+    """A Ledger with the benchmark's job: one no-op stage, or stages "a" then "b", or (plain)
+    one no-op stage that is not idempotent."""
     from workledger import Ledger
 
     ledger = Ledger(url)
-    if two_stage:
+    if plain:
+        job = ledger.job(JOB_PLAIN)
+        job.decompose(split)
+        job.stage("plain")(noop)
+    elif two_stage:
         job = ledger.job(JOB2)
         job.decompose(split)
         job.stage("a", idempotent=True)(noop)
@@ -69,13 +76,14 @@ def define(url: str, two_stage: bool = False) -> Any:
     return ledger
 
 
-def wl_decompose(url: str, items: int, two_stage: bool = False
+def wl_decompose(url: str, items: int, two_stage: bool = False, plain: bool = False
                  ) -> tuple[float, int, dict[str, Any]]:
-    ledger = define(url, two_stage)
+    ledger = define(url, two_stage, plain)
     try:
         ledger.store  # noqa: B018 - open and migrate outside the timed section
         t = time.perf_counter()
-        sub = ledger.job(JOB2 if two_stage else JOB).submit({"n": items}, key="bench")
+        job = JOB_PLAIN if plain else JOB2 if two_stage else JOB
+        sub = ledger.job(job).submit({"n": items}, key="bench")
         seconds = time.perf_counter() - t
         assert sub.created and sub.status.total == items, sub
         t = time.perf_counter()
@@ -112,8 +120,8 @@ def _instrument(store: Any) -> tuple[list[tuple[float, float, int]], list[tuple[
     return claims, finishes
 
 
-def wl_prepare(url: str, chunk: int, two_stage: bool = False) -> Any:
-    ledger = define(url, two_stage)
+def wl_prepare(url: str, chunk: int, two_stage: bool = False, plain: bool = False) -> Any:
+    ledger = define(url, two_stage, plain)
     # connect (and see the migrated schema) before the start event
     claims, finishes = _instrument(ledger.store)
     return ledger, claims, finishes
@@ -135,8 +143,9 @@ def wl_drain(url: str, chunk: int, state: Any) -> tuple[int, float, dict[str, An
                                        "finishes": finishes}
 
 
-def wl_verify(url: str, run_id: int, items: int, two_stage: bool = False) -> None:
-    ledger = define(url, two_stage)
+def wl_verify(url: str, run_id: int, items: int, two_stage: bool = False,
+              plain: bool = False) -> None:
+    ledger = define(url, two_stage, plain)
     try:
         st = ledger.status(run_id)
         if not (st.complete and st.processed == items):
@@ -148,6 +157,9 @@ def wl_verify(url: str, run_id: int, items: int, two_stage: bool = False) -> Non
 wl2_decompose = functools.partial(wl_decompose, two_stage=True)
 wl2_prepare = functools.partial(wl_prepare, two_stage=True)
 wl2_verify = functools.partial(wl_verify, two_stage=True)
+wlp_decompose = functools.partial(wl_decompose, plain=True)
+wlp_prepare = functools.partial(wl_prepare, plain=True)
+wlp_verify = functools.partial(wl_verify, plain=True)
 
 
 # =============================================================================================
@@ -215,6 +227,7 @@ def cli_status(url: str, run_id: int) -> dict[str, Any]:
 KINDS = {
     "workledger": ("workledger", "decompose", "drain"),
     "workledger-2stage": ("workledger", "decompose2", "drain2"),
+    "workledger-plain": ("workledger", "decompose-plain", "drain-plain"),
     "raw": ("raw", "decompose", "drain"),
     "procrastinate": ("procrastinate", "enqueue", "drain"),
     "pgqueuer": ("pgqueuer", "enqueue", "drain"),
@@ -226,6 +239,7 @@ DrainFn = Callable[[str, int, Any], tuple[int, float, dict[str, Any]]]
 DRAINS: dict[str, tuple[Callable[[str, int], Any], DrainFn]] = {
     "workledger": (wl_prepare, wl_drain),
     "workledger-2stage": (wl2_prepare, wl_drain),
+    "workledger-plain": (wlp_prepare, wl_drain),
     "raw": (backends.raw_prepare, backends.raw_drain),
     **peers.DRAINS,
 }
@@ -235,6 +249,7 @@ LOADERS: dict[str, tuple[Callable[[str, int], tuple[float, int, dict[str, Any]]]
                          Callable[[str, int, int], None]]] = {
     "workledger": (wl_decompose, wl_verify),
     "workledger-2stage": (wl2_decompose, wl2_verify),
+    "workledger-plain": (wlp_decompose, wlp_verify),
     "raw": (backends.raw_insert, backends.raw_verify),
     **peers.LOADERS,
 }

@@ -727,6 +727,7 @@ def test_old_holder_finish_is_stale_after_its_lease_was_reclaimed(store: Store) 
 def test_reclaim_to_unknown_leaves_the_item_awaiting_repair(store: Store) -> None:
     run = decomposed(store, 1)
     (c,) = claim(store, run.id, lease=SHORT)
+    assert store.items_mark_started(LeaseParams(run.id, [c.id], c.lease_token), charge=0) == [c.id]
     wait_expired(store, run.id, 1)
     (moved,) = reclaim(store, to_state="unknown", reason="lease expired; effect unknown")
     assert (moved.id, moved.state, moved.error) == (
@@ -737,6 +738,32 @@ def test_reclaim_to_unknown_leaves_the_item_awaiting_repair(store: Store) -> Non
     assert claim(store, run.id) == []
     (event,) = item_events(store, run.id)
     assert (event.kind, event.item_id, event.lease_token) == ("unknown", c.id, c.lease_token)
+
+
+def test_reclaim_sends_an_item_whose_handler_never_started_back_to_pending(store: Store) -> None:
+    run = decomposed(store, 2)
+    started, idle = claim(store, run.id, lease=SHORT)
+    store.items_mark_started(LeaseParams(run.id, [started.id], started.lease_token), charge=0)
+    wait_expired(store, run.id, 2)
+    moved = {m.id: m for m in reclaim(store, to_state="unknown", reason="effect unknown")}
+    assert (moved[started.id].state, moved[started.id].error) == ("unknown", "effect unknown")
+    assert moved[started.id].started_at is not None and moved[started.id].attempts == 0
+    assert moved[idle.id].state == "pending" and moved[idle.id].started_at is None
+    assert moved[idle.id].error == "not started: its holder stopped before running it"
+    kinds = {e.item_id: (e.kind, e.detail["started"]) for e in item_events(store, run.id)}
+    assert kinds == {started.id: ("unknown", True), idle.id: ("lease_expired", False)}
+    assert [i.id for i in claim(store, run.id)] == [idle.id]  # claimable again, nothing doubted
+
+
+def test_a_new_claim_forgets_the_start_of_the_previous_one(store: Store) -> None:
+    run = decomposed(store, 1)
+    (c,) = claim(store, run.id, lease=SHORT)
+    store.items_mark_started(LeaseParams(run.id, [c.id], c.lease_token), charge=0)
+    wait_expired(store, run.id, 1)
+    reclaim(store, to_state="pending", reason="lease_expired: gone")
+    (again,) = claim(store, run.id)
+    (row,) = store.items_list(ItemsQuery(run.id))
+    assert again.id == c.id and row.started_at is None
 
 
 # -- stage hand-off --------------------------------------------------------------------------

@@ -49,6 +49,7 @@ PUBLIC_COLUMNS = {
         "lease_until",
         "not_before",
         "lease_token",
+        "started_at",
         "result",
         "error",
         "created_at",

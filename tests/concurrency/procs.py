@@ -145,10 +145,11 @@ def build_ledger(
     crash_once_key: str | None = None,
     crash_marker: str | os.PathLike[str] | None = None,
     max_attempts: int = 5,
+    idempotent: bool = True,
 ) -> Any:
     """A Ledger on ``url`` with job ``conc``: payload ``{"n": N}`` becomes items ``k0..k{N-1}``.
 
-    Its one stage ``apply`` is idempotent. The handler
+    Its one stage ``apply`` is idempotent (unless ``idempotent=False``). The handler
 
     - exits the process with 137 *before any effect* when it reaches ``crash_once_key`` and
       the file ``crash_marker`` does not exist yet (it creates it first: a crash that happens once);
@@ -167,7 +168,7 @@ def build_ledger(
         for i in range(int(payload["n"])):
             yield Item(key=f"k{i}", data={"i": i})
 
-    @job.stage(STAGE, idempotent=True, max_attempts=max_attempts)
+    @job.stage(STAGE, idempotent=idempotent, max_attempts=max_attempts)
     def apply(item: Any, ctx: Any) -> dict[str, Any]:
         if crash_once_key is not None and item.key == crash_once_key:
             assert crash_marker is not None, "crash_once_key needs crash_marker"
@@ -204,6 +205,7 @@ def worker_command(
     until_idle: bool = True,
     ready_file: str | os.PathLike[str] | None = None,
     go_file: str | os.PathLike[str] | None = None,
+    idempotent: bool = True,
 ) -> list[str]:
     """The argv of one worker process running this file."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--url", url, "--sink", str(sink),
@@ -215,6 +217,8 @@ def worker_command(
         argv += ["--crash-once", crash_once_key, "--crash-marker", str(crash_marker)]
     if not until_idle:
         argv.append("--forever")
+    if not idempotent:
+        argv.append("--not-idempotent")
     if ready_file is not None:
         argv += ["--ready-file", str(ready_file)]
     if go_file is not None:
@@ -238,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forever", action="store_true")
     p.add_argument("--ready-file", default=None)
     p.add_argument("--go-file", default=None)
+    p.add_argument("--not-idempotent", action="store_true")
     a = p.parse_args(argv)
 
     ledger = build_ledger(a.url, a.sink, sleep=a.sleep, block=a.block, poison_key=a.poison,
                           crash_once_key=a.crash_once, crash_marker=a.crash_marker,
-                          max_attempts=a.max_attempts)
+                          max_attempts=a.max_attempts, idempotent=not a.not_idempotent)
     ledger.store  # noqa: B018 - open (and migrate) the database before the start barrier
     if a.ready_file:
         Path(a.ready_file).write_text(str(os.getpid()))

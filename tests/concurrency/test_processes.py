@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from workledger.api import differences
 from workledger.storage.port import (
     ClaimParams,
     Finish,
@@ -354,6 +355,42 @@ def test_killed_worker_leases_expire_and_another_finishes_idempotent_stage_once(
     assert expired == held
     for item in items:
         assert 1 <= item.attempts <= raw[ikey(item)], item
+
+
+def test_kill_leaves_unknown_only_what_was_running_in_a_stage_that_is_not_idempotent(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], sink: Path, db_url: str,
+) -> None:
+    """Outcomes of a stage that is not idempotent are written as soon as each is known, not
+    once per chunk: a kill -9 leaves `unknown` only the handlers that were running."""
+    n, concurrency = 400, 4
+    ledger = make_ledger(idempotent=False)
+    run_id = ledger.job(procs.JOB).submit({"n": n}).run_id
+    worker = spawn(procs.worker_command(db_url, sink, concurrency=concurrency, chunk=100,
+                                        lease=1.0, sleep=0.02, idempotent=False), name="w")
+    wait_until(lambda: sum(executions(sink).values()) >= 120 or worker.popen.poll() is not None,
+               "120 effects")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    started = executions(sink)
+
+    sweeper = make_ledger(idempotent=False)
+
+    def settled() -> bool:
+        sweeper.sweep(grace=0)  # the dead worker's expired leases become unknown
+        return not sweeper.items(run_id, state="claimed", limit=1)
+
+    wait_until(settled, "the dead worker's leases to expire and be settled", every=0.2)
+    items = all_items(ledger, run_id)
+    unknown = {ikey(i) for i in items if i.state == "unknown"}
+    processed = {ikey(i) for i in items if i.state == "processed"}
+    # every unknown item had started; at most the handlers running at the kill (and those
+    # whose outcome was in the instant between return and write) are unknown
+    assert unknown <= set(started)
+    assert 0 < len(unknown) <= 2 * concurrency, len(unknown)
+    # nothing with an effect went back to pending, and nothing ran twice
+    assert set(started) <= unknown | processed
+    assert max(started.values()) == 1
+    assert not differences(ledger.reconcile(run_id, dry_run=True))
 
 
 # -- 3. a stale worker's late results change nothing --------------------------------------------

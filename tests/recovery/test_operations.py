@@ -25,6 +25,16 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
     raise AssertionError("condition not met before the deadline")
 
 
+def started(ledger: Ledger, claimed: list[Any]) -> None:
+    """Record that the handlers of ``claimed`` began, as a worker does for a stage that is not
+    idempotent: when their lease expires, their outcome is in doubt."""
+    from workledger.storage.port import LeaseParams
+
+    for c in claimed:
+        assert ledger.store.items_mark_started(
+            LeaseParams(c.run_id, [c.id], c.lease_token), charge=0) == [c.id]
+
+
 def make_ledger(url: str, *, fail: set[str] | None = None, **stage_kw: Any) -> Ledger:
     ledger = Ledger(url, seed=7)
     job = ledger.job("batch", tolerate=stage_kw.pop("tolerate", 0))
@@ -208,6 +218,7 @@ def test_expired_lease_of_non_idempotent_stage_becomes_unknown_then_resolved(db_
 
     claimed = ledger.store.items_claim(ClaimParams(sub.run_id, 10, 0.2))
     assert len(claimed) == 2
+    started(ledger, claimed)  # both handlers began: their effect may have happened
     wait_for(lambda: ledger.store.outlook([sub.run_id]).expired == 2)
     report = ledger.sweep()
     assert report.to_unknown == 2
@@ -228,7 +239,7 @@ def test_verify_hook_settles_expired_leases(db_url: str) -> None:
     sub = ledger.job_named("batch").submit({"keys": ["a", "b", "c"]}, key="ver")
     from workledger.storage.port import ClaimParams
 
-    ledger.store.items_claim(ClaimParams(sub.run_id, 10, 0.2))
+    started(ledger, ledger.store.items_claim(ClaimParams(sub.run_id, 10, 0.2)))
     wait_for(lambda: ledger.store.outlook([sub.run_id]).expired == 3)
     ledger.sweep()
     states = {i.key: i.state for i in ledger.items(sub.run_id)}

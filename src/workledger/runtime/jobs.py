@@ -134,6 +134,11 @@ class Job:
             found = self._after[name] = (nxt, None if nxt or name == CLOSE_STAGE else "processed")
         return found
 
+    def recorded_stages(self) -> frozenset[str]:
+        """The stages whose starts a worker records before their handlers run: those that are
+        not idempotent, where a worker that dies leaves in doubt only what had started."""
+        return frozenset(s.name for s in self.stages if not s.idempotent)
+
     def submit(self, payload: Any, key: str | None = None) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state."""
         return self.ledger.submit(self.name, payload, key=key)

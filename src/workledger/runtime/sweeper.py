@@ -121,10 +121,10 @@ class Sweeper:
                     to, reason = _RECLAIM_UNKNOWN.target.value, OUTCOME_UNKNOWN
                 rows = self.store.leases_reclaim_expired(ReclaimParams(
                     job=job.name, stage=stage.name, to_state=to, reason=reason, actor=self.actor))
-                if to == _RECLAIM.target:
-                    report.to_pending += len(rows)
-                else:
-                    report.to_unknown += len(rows)
+                # an item whose handler never started goes back to pending, whatever `to` says
+                back = sum(1 for r in rows if r.state == _RECLAIM.target)
+                report.to_pending += back
+                report.to_unknown += len(rows) - back
 
     def _verify_unknown(self, report: SweepReport) -> None:
         jobs_of: dict[int, str] = {}

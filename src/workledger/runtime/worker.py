@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from workledger.storage.port import (
     ClaimParams,
     Finish,
     FinishParams,
+    FinishResult,
     LeaseParams,
     Store,
 )
@@ -193,7 +194,9 @@ class Worker:
                 batch.release([item.id])
                 continue
             self._run_isolated(job, item, batch, pool)
-        self._run_pooled(job, normal, batch, pool)
+        recorded = job.recorded_stages()
+        self._run_pooled(job, [i for i in normal if i.stage not in recorded], batch, pool)
+        self._run_recorded(job, [i for i in normal if i.stage in recorded], batch, pool)
         batch.flush()
         self.report.chunks += 1
         if self.on_progress:
@@ -231,6 +234,31 @@ class Worker:
         slices = [items[i:i + size] for i in range(0, len(items), size)]
         futures = {pool.submit(self._run_slice, job, s): s for s in slices}
         batch.wait(futures, lambda f, _: self._collect(job, f.result(), batch, 1))
+
+    def _run_recorded(
+        self, job: Job, items: list[ClaimedItem], batch: _Batch, pool: ThreadPoolExecutor
+    ) -> None:
+        """Items of a stage that is not idempotent: each start is recorded before its handler
+        runs, and each outcome as soon as it is known. One transaction per round writes the
+        outcomes that came in and the starts of as many items as threads are free, so a worker
+        killed at any moment leaves in doubt (``unknown``) only the handlers that were running;
+        the rest of its chunk goes back to pending."""
+        waiting = deque(items)
+        running: dict[Future[list[Ran]], list[ClaimedItem]] = {}
+
+        def feed() -> None:
+            free = 0 if self._stop.is_set() else self.options.concurrency - len(running)
+            take = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+            started = set(batch.flush(start=take))
+            for item in take:
+                if item.id in started:  # else its lease is lost: the new holder owns it
+                    running[pool.submit(self._run_slice, job, [item])] = [item]
+            if self._stop.is_set() and waiting:
+                batch.release([i.id for i in waiting])
+                waiting.clear()
+
+        feed()
+        batch.wait(running, lambda f, _: self._collect(job, f.result(), batch, 1), after=feed)
 
     def _run_slice(self, job: Job, items: list[ClaimedItem]) -> list[Ran]:
         """Run items one after another; once the worker is stopping, leave the rest unstarted."""
@@ -273,12 +301,13 @@ class _Batch:
 
     def wait(
         self,
-        futures: dict[Future[list[Ran]], list[ClaimedItem]],
+        left: dict[Future[list[Ran]], list[ClaimedItem]],
         on_done: Callable[[Future[list[Ran]], list[ClaimedItem]], None],
+        after: Callable[[], None] | None = None,
     ) -> None:
-        """Wait for ``futures``, renewing leases of running items and flushing as time passes."""
+        """Wait for the futures in ``left`` (emptied as they finish), renewing leases of running
+        items and flushing as time passes; ``after`` runs after each wake-up and may add more."""
         opts = self.worker.options
-        left = dict(futures)
         cancelled = False
         while left:
             beat_in = opts.lease / 3 - (self.worker.clock() - self.last_beat)
@@ -287,6 +316,8 @@ class _Batch:
             done, _ = wait(left, timeout=timeout, return_when=FIRST_COMPLETED)
             for f in done:
                 on_done(f, left.pop(f))
+            if after is not None:
+                after()
             if self.worker.stopping and not cancelled:
                 cancelled = True
                 dropped = [i.id for f, items in list(left.items()) if f.cancel() for i in items]
@@ -308,13 +339,20 @@ class _Batch:
             n = self.store.items_release(LeaseParams(self.run_id, ids, self.token))
             self.worker.report.released += n
 
-    def flush(self) -> None:
+    def flush(self, start: list[ClaimedItem] | None = None) -> list[int]:
+        """Write the outcomes gathered so far (and record the starts of ``start``, in the same
+        transaction); return the ids of ``start`` whose start was recorded."""
         self.last_flush = self.worker.clock()
-        if not self.finishes:
-            return
+        if not self.finishes and not start:
+            return []
         finishes, self.finishes = self.finishes, []
         result = self.store.items_finish_if_leased(
-            FinishParams(self.run_id, finishes, actor=self.worker.worker_id))
+            FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
+                         start=[i.id for i in start or ()], start_token=self.token))
+        self._count(finishes, result)
+        return result.started
+
+    def _count(self, finishes: list[Finish], result: FinishResult) -> None:
         report = self.worker.report
         report.stale += len(result.stale)
         if len(result.applied) == len(finishes):  # the usual case: count states in C

@@ -209,11 +209,9 @@ class LedgerStore(Dialect[C]):
         common.failpoint("claim.after_commit")
         return claimed
 
-    def items_mark_started(self, params: LeaseParams) -> list[int]:
+    def items_mark_started(self, params: LeaseParams, charge: int = 1) -> list[int]:
         with self._tx() as conn:
-            rows = self._tuples(conn, self.Q["items_mark_started"], {
-                "ids": self._list(params.ids), "token": params.lease_token})
-        return sorted(int(r[0]) for r in rows)
+            return self._mark_started(conn, params.ids, params.lease_token, charge)
 
     def items_heartbeat(self, params: LeaseParams) -> int:
         with self._tx() as conn:
@@ -234,12 +232,13 @@ class LedgerStore(Dialect[C]):
         with self._tx() as conn:
             rows = conn.execute(self.Q["leases_reclaim_expired"], {
                 "to_state": params.to_state, "reason": params.reason, "job": params.job,
-                "stage": params.stage, "limit": params.limit}).fetchall()
+                "stage": params.stage, "limit": params.limit,
+                "unstarted": params.unstarted}).fetchall()
             items = sorted(map(self._item, rows), key=attrgetter("id"))
             if items:
                 self._many(conn, self.Q["events_add"], [
                     common.event_params(e) for e in common.reclaim_events(items, params)])
-                tallies = common.reclaim_tallies(items, params.to_state)
+                tallies = common.reclaim_tallies(items)
                 for run_id in sorted(tallies):
                     self._count(conn, run_id, tallies[run_id])
                 common.failpoint("reclaim.before_commit")
@@ -251,19 +250,35 @@ class LedgerStore(Dialect[C]):
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         if not params.finishes:
-            return FinishResult(applied=[], stale=[])
+            return self._start_only(params)
         with self._tx() as conn:
             groups = common.finish_groups(params.finishes, self.finish_shapes)
             if groups is None:
                 plan, tally, applied = self._finish_rows(conn, params)
             else:
                 plan, tally, applied = self._finish_groups(conn, params, groups)
+            started = self._mark_started(conn, params.start, params.start_token)
             self._write_plan(conn, params.run_id, plan, tally)
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
         common.failpoint("complete.after_commit")
-        return FinishResult(applied=sorted(applied), stale=plan.stale)
+        return FinishResult(applied=sorted(applied), stale=plan.stale, started=started)
+
+    def _start_only(self, params: FinishParams) -> FinishResult:
+        if not params.start:
+            return FinishResult(applied=[], stale=[])
+        with self._tx() as conn:
+            started = self._mark_started(conn, params.start, params.start_token)
+        return FinishResult(applied=[], stale=[], started=started)
+
+    def _mark_started(self, conn: C, ids: Sequence[int], token: int, charge: int = 0
+                      ) -> list[int]:
+        if not ids:
+            return []
+        rows = self._tuples(conn, self.Q["items_mark_started"], {
+            "ids": self._list(ids), "token": token, "charge": charge})
+        return sorted(int(r[0]) for r in rows)
 
     def _finish_rows(self, conn: C, params: FinishParams
                      ) -> tuple[common.FinishPlan, common.Tally, set[int]]:

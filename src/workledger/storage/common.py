@@ -161,11 +161,12 @@ def inserted_tally(stage: str, items: Sequence[NewItem], present: set[int]) -> T
     return tally
 
 
-def reclaim_tallies(items: Iterable[ItemRow], to_state: str) -> dict[int, Tally]:
-    """Expired leases moved ``claimed -> to_state``, per run (a reclaim spans runs)."""
+def reclaim_tallies(items: Iterable[ItemRow]) -> dict[int, Tally]:
+    """Expired leases moved ``claimed ->`` the state each row now has, per run (a reclaim
+    spans runs)."""
     tallies: dict[int, Tally] = {}
     for i in items:
-        tallies.setdefault(i.run_id, Tally()).move(i.stage, "claimed", to_state)
+        tallies.setdefault(i.run_id, Tally()).move(i.stage, "claimed", i.state)
     return tallies
 
 
@@ -297,11 +298,12 @@ def claim_events(items: Iterable[ClaimedItem], actor: str) -> list[dict[str, Any
 
 
 def reclaim_events(items: Iterable[ItemRow], params: ReclaimParams) -> list[NewEvent]:
-    kind = "lease_expired" if params.to_state == "pending" else params.to_state
     return [
-        NewEvent(run_id=i.run_id, item_id=i.id, kind=kind, lease_token=i.lease_token,
-                 actor=params.actor, detail=json.dumps({"reason": params.reason,
-                                                        "to": params.to_state}))
+        NewEvent(run_id=i.run_id, item_id=i.id,
+                 kind="lease_expired" if i.state == "pending" else i.state,
+                 lease_token=i.lease_token, actor=params.actor,
+                 detail=json.dumps({"reason": i.error, "to": i.state,
+                                    "started": i.started_at is not None}))
         for i in items
     ]
 

@@ -103,12 +103,17 @@ class FinishParams:
     run_id: int
     finishes: Sequence[Finish]
     actor: str = "worker"
+    # items of the same claim to mark started (no attempt charged) in the same transaction:
+    # a worker records the starts of its next handlers with the outcomes of the last ones
+    start: Sequence[int] = ()
+    start_token: int = 0
 
 
 @dataclass(frozen=True)
 class FinishResult:
     applied: list[int]
     stale: list[int]
+    started: list[int] = field(default_factory=list)  # of FinishParams.start, still held
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,9 @@ class ReclaimParams:
     stage: str
     to_state: str  # 'pending' (idempotent stage) or 'unknown'
     reason: str
+    # the reason left on an item whose handler never started under the expired claim: it goes
+    # back to pending whatever to_state says, since it cannot have had an effect
+    unstarted: str = "not started: its holder stopped before running it"
     actor: str = "sweeper"
     limit: int = 1000
 
@@ -205,6 +213,7 @@ class ItemRow:
     error: str | None
     created_at: str
     updated_at: str
+    started_at: str | None = None  # when the handler of its current claim started (0004)
 
 
 @dataclass(frozen=True)
@@ -262,7 +271,7 @@ class Store(Protocol):
 
     def items_insert_many(self, params: ItemsInsert) -> int: ...
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]: ...
-    def items_mark_started(self, params: LeaseParams) -> list[int]: ...
+    def items_mark_started(self, params: LeaseParams, charge: int = 1) -> list[int]: ...
     def items_heartbeat(self, params: LeaseParams) -> int: ...
     def items_release(self, params: LeaseParams) -> int: ...
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult: ...

@@ -127,6 +127,7 @@ picked AS (
     FOR UPDATE SKIP LOCKED)
 UPDATE wl_items SET
     state = 'claimed',
+    started_at = NULL,
     lease_token = (SELECT value FROM token),
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now()
@@ -136,7 +137,10 @@ RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.k
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
 
 -- name: items_mark_started
-UPDATE wl_items SET attempts = attempts + 1, updated_at = now()
+-- Just before a handler runs, where its start must be known (a stage that is not
+-- idempotent, see migration 0004); an item run alone after its holder vanished is also
+-- charged its attempt here (charge 1), before it starts.
+UPDATE wl_items SET attempts = attempts + %(charge)s, started_at = now(), updated_at = now()
 WHERE id = ANY (%(ids)s::bigint[]) AND lease_token = %(token)s AND state COLLATE "C" = 'claimed'
 RETURNING id;
 
@@ -219,8 +223,10 @@ WITH picked AS (
     LIMIT %(limit)s
     FOR UPDATE OF i SKIP LOCKED)
 UPDATE wl_items SET
-    state = %(to_state)s,
-    error = %(reason)s,
+    -- an item whose handler never started under this claim cannot have had an effect
+    state = CASE WHEN started_at IS NULL THEN 'pending' ELSE %(to_state)s::text END,
+    error = CASE WHEN started_at IS NULL AND %(to_state)s::text <> 'pending'
+            THEN %(unstarted)s ELSE %(reason)s END,
     lease_until = NULL,
     updated_at = now()
 FROM picked

@@ -113,6 +113,7 @@ UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING v
 -- moves: pending -> claimed
 UPDATE wl_items SET
     state = 'claimed',
+    started_at = NULL,
     lease_token = :token,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
@@ -126,7 +127,12 @@ WHERE id IN (
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 
 -- name: items_mark_started
-UPDATE wl_items SET attempts = attempts + 1, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+-- Just before a handler runs, where its start must be known (a stage that is not
+-- idempotent, see migration 0004); an item run alone after its holder vanished is also
+-- charged its attempt here (charge 1), before it starts.
+UPDATE wl_items SET attempts = attempts + :charge,
+    started_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'claimed'
 RETURNING id;
 
@@ -195,8 +201,10 @@ ORDER BY id LIMIT :limit;
 -- name: leases_reclaim_expired
 -- moves: claimed -> pending, unknown
 UPDATE wl_items SET
-    state = :to_state,
-    error = :reason,
+    -- an item whose handler never started under this claim cannot have had an effect
+    state = CASE WHEN started_at IS NULL THEN 'pending' ELSE :to_state END,
+    error = CASE WHEN started_at IS NULL AND :to_state <> 'pending' THEN :unstarted
+            ELSE :reason END,
     lease_until = NULL,
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (
