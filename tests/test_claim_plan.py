@@ -38,7 +38,8 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
     q = queries("postgres")
     ids = list(range(FINISHED + 1, FINISHED + 101))  # one chunk (the worker's default, 100)
     statements = {
-        "items_claim": {"run_id": run_id, "after_id": 0, "limit": 500, "lease": 30.0},
+        "items_claim": {"run_id": run_id, "after_id": 0, "limit": 500, "lease": 30.0,
+                        "closing": False},
         "items_finish_if_leased": {
             "ids": ids, "tokens": [1] * 100, "states": ["processed"] * 100,
             "results": [None] * 100, "errors": [None] * 100, "delays": [None] * 100,
@@ -49,7 +50,7 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
         "items_heartbeat": {"ids": ids, "token": 1, "lease": 30.0},
         "items_handoff": {"ids": ids, "stages": ["next"] * 100},
         "run_counts": {"run_id": run_id},
-        "run_waits": {"run_id": run_id},
+        "run_waits": {"run_id": run_id, "verify": "lease_expired: awaiting verify"},
     }
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE wl_items SET state = 'processed' WHERE seq < %s", (FINISHED,))
@@ -80,8 +81,8 @@ def test_sqlite_status_queries_read_counts_and_small_indexes(sqlite_url: str) ->
     run_id = _ledger_with_finished_rows(sqlite_url)
     conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
     q = queries("sqlite")
-    plans = {name: [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q[name],
-                                                {"run_id": run_id})]
+    args = {"run_id": run_id, "verify": "lease_expired: awaiting verify"}
+    plans = {name: [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q[name], args)]
              for name in ("run_counts", "run_waits")}
     conn.close()
     assert not any("wl_items " in line or line.endswith("wl_items") for line in
@@ -99,7 +100,8 @@ def test_sqlite_claim_plan_uses_the_pending_index(sqlite_url: str) -> None:
     conn.commit()
     conn.execute("ANALYZE")
     sql = queries("sqlite")["items_claim"]
-    params = {"token": 1, "lease": "+30 seconds", "run_id": run_id, "after_id": 0, "limit": 500}
+    params = {"token": 1, "lease": "+30 seconds", "run_id": run_id, "after_id": 0, "limit": 500,
+              "closing": False}
     plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     conn.close()
     picked = [line for line in plan if "wl_items" in line and "INDEX" in line]

@@ -453,7 +453,7 @@ def test_paused_run_is_not_claimable_until_resumed(store: Store) -> None:
     assert len(claim(store, run.id)) == 2
 
 
-def test_cancelled_run_is_not_claimable_even_when_an_item_returns_to_pending(
+def test_an_item_given_back_in_a_cancelled_run_is_skipped_not_left_pending(
     store: Store,
 ) -> None:
     run = decomposed(store, 3)
@@ -462,9 +462,11 @@ def test_cancelled_run_is_not_claimable_even_when_an_item_returns_to_pending(
     cancelled = [r for r in rows(store, run.id) if r.id != held.id]
     assert [(r.state, r.error) for r in cancelled] == [("skipped", "cancelled")] * 2
     assert store.items_release(lease(held)) == 1  # its holder gives it back
-    assert row(store, run.id, held.id).state == "pending"
+    assert (row(store, run.id, held.id).state, row(store, run.id, held.id).error) == (
+        "skipped", "cancelled")  # nothing would ever claim it in a cancelled run
     assert claim(store, run.id) == []
     assert store.runs_claimable([JOB]) == []
+    assert store.run_get(run.id).skipped == 3
 
 
 def test_runs_claimable_lists_decomposed_open_runs_of_the_given_jobs(store: Store) -> None:

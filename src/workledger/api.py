@@ -10,9 +10,12 @@ import os
 import random
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from workledger.core.status import CLOSE_STAGE
 from workledger.errors import (
+    BadInput,
     DecompositionFailed,
     PayloadMismatch,
     UnknownJob,
@@ -20,7 +23,7 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.runtime import operations
-from workledger.runtime.audit import Finding, audit
+from workledger.runtime.audit import AuditFilter, Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS
@@ -43,8 +46,9 @@ from workledger.storage.port import (
 
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime and the
 # storage only through this module.
-__all__ = ["DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus", "Submission",
-           "SweepReport", "WorkReport", "Worker", "differences", "masked_url"]
+__all__ = ["CLOSE_STAGE", "DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus",
+           "Submission", "SweepReport", "WorkReport", "Worker", "differences", "masked_url",
+           "since_time"]
 
 
 class Ledger:
@@ -191,44 +195,63 @@ class Ledger:
 
     def sweeper(
         self, *, actor: str = "sweeper", grace: float = 30.0, lease: float = 30.0,
-        jobs: Sequence[str] | None = None,
+        jobs: Sequence[str] | None = None, backoff: float = 30.0,
     ) -> Sweeper:
+        """A sweeper for the loaded jobs. ``backoff``: a run whose decomposer failed n times
+        is decomposed again only backoff * 2^(n-1) seconds (at most an hour) after its last
+        failure (0: every pass)."""
         chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
         return Sweeper(self.store, chosen, self.status, actor=actor, grace=grace, lease=lease,
-                       rng=random.Random(self.rng.random()))
+                       rng=random.Random(self.rng.random()), backoff=backoff)
 
     def sweep(self, *, grace: float = 30.0) -> SweepReport:
-        """One sweeper pass: re-decompose, expired leases, verify, closing hooks."""
-        return self.sweeper(grace=grace).sweep()
+        """One sweeper pass now (by hand: a failing decomposer is retried at once, no backoff):
+        re-decompose, expired leases, verify, closing hooks."""
+        return self.sweeper(grace=grace, backoff=0.0).sweep()
 
     def retry(self, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
               note: str | None = None, actor: str = "operator") -> int:
-        """Redrive failed items (all, one stage's, or some seqs); returns how many moved."""
-        self._run(run_id)
-        return operations.retry(self.store, run_id, stage=stage, seqs=seqs, actor=actor,
-                                note=note)
+        """Redrive failed items (all, one stage's, or some seqs); returns how many moved.
+        Refused (``Refused``, nothing changed) in a cancelled run; an unknown stage or seq is a
+        ``UsageError``."""
+        run = self._run(run_id)
+        return operations.retry(self.store, run, self.jobs.get(run.job), stage=stage,
+                                seqs=seqs, actor=actor, note=note)
 
     def resolve(self, run_id: int, stage: str, seq: int, as_state: str, *,
                 note: str | None = None, actor: str = "operator") -> bool:
         run = self._run(run_id)
         job = self.jobs.get(run.job)
         if job is None and as_state == "processed":
-            raise UsageError(f"resolving as processed needs job {run.job!r}'s definition (its "
-                             "next stage): pass --app module:attribute")
-        return operations.resolve(self.store, job, run_id, stage, seq,
+            raise UsageError(f"resolving as processed needs the definition of job {run.job!r} "
+                             "(its next stage): pass --app module:attribute")
+        return operations.resolve(self.store, job, run, stage, seq,
                                   as_state, actor=actor, note=note)
 
+    def ack(self, run_id: int, *, note: str, stage: str | None = None, seq: int | None = None,
+            actor: str = "operator") -> int:
+        """Acknowledge the run's failed items (or one stage's, or one item): ``audit`` lists
+        them as reviewed and stops alerting on them. Returns how many it covers."""
+        run = self._run(run_id)
+        return operations.ack(self.store, run, self.jobs.get(run.job), stage=stage, seq=seq,
+                              note=note, actor=actor)
+
     def pause(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
-        self._run(run_id)
-        return operations.pause(self.store, run_id, actor=actor, note=note)
+        """Stop claiming the run's items (False: paused already). A finished run refuses."""
+        run = self._run(run_id)
+        return operations.pause(self.store, run, self.jobs.get(run.job), actor=actor, note=note)
 
     def resume(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
-        self._run(run_id)
-        return operations.resume(self.store, run_id, actor=actor, note=note)
+        """Let workers claim the run again (False: it was not paused). A finished run refuses."""
+        run = self._run(run_id)
+        return operations.resume(self.store, run, self.jobs.get(run.job), actor=actor,
+                                 note=note)
 
     def cancel(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> int:
-        self._run(run_id)
-        return operations.cancel(self.store, run_id, actor=actor, note=note)
+        """Skip the run's pending items (-1: cancelled already). A finished run refuses."""
+        run = self._run(run_id)
+        return operations.cancel(self.store, run, self.jobs.get(run.job), actor=actor,
+                                 note=note)
 
     def history(self, run_id: int, stage: str, seq: int) -> operations.History:
         self._run(run_id)
@@ -242,9 +265,12 @@ class Ledger:
         stages = [s.name for s in job.stages] if job else []
         return reconcile(self.store, run_id, stages, dry_run=dry_run, actor=actor)
 
-    def audit(self, limit: int = 1000) -> list[Finding]:
-        """Every stranded run and item, with the path that will move it."""
-        return audit(self.store, self.jobs, limit)
+    def audit(self, *, run_id: int | None = None, job: str | None = None,
+              since: str | None = None) -> list[Finding]:
+        """Every stranded run and item, with the path that will move it; of one run, of one
+        job, or since a time (``since_time("24h")``) only. A finding with ``needs_person``
+        false is moved by a process, or was reviewed (within tolerance, acknowledged)."""
+        return audit(self.store, self.jobs, AuditFilter(run_id, job, since))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -272,3 +298,25 @@ class Ledger:
 
     def _status_of(self, run: RunRow) -> RunStatus:
         return status_of(self.store, run, self.jobs.get(run.job))
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def since_time(text: str, now: datetime | None = None) -> str:
+    """A cutoff as the ledger writes times (UTC, fixed width): ``30m``, ``24h``, ``7d``, ``2w``
+    ago, or an ISO date or time (``2026-11-30``, ``2026-11-30T09:00:00+01:00``).
+    :class:`~workledger.errors.BadInput` for anything else."""
+    text = text.strip()
+    amount, unit = text[:-1], text[-1:].lower()
+    if unit in _UNITS and amount.isdigit():
+        when = (now or datetime.now(UTC)) - timedelta(seconds=int(amount) * _UNITS[unit])
+    else:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise BadInput(f"--since {text!r}: give an age (30m, 24h, 7d, 2w) or an ISO date "
+                           "or time (2026-11-30, 2026-11-30T09:00:00Z)") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")

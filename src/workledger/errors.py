@@ -33,6 +33,11 @@ class UnknownRun(UsageError):
     """No run with that id exists in the ledger."""
 
 
+class Refused(UsageError):
+    """The run's (or item's) state refuses the action, e.g. cancelling a finished run; nothing
+    was changed (exit 2; HTTP 409)."""
+
+
 class PayloadMismatch(UsageError):
     """An idempotency key was reused with a different payload; nothing was written."""
 

@@ -9,9 +9,12 @@ import time
 from collections.abc import Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
 
-from workledger.api import Ledger, RunStatus
+from workledger.api import CLOSE_STAGE, Ledger, RunStatus
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 
@@ -37,19 +40,32 @@ def stage_done(st: RunStatus, stages: list[str], i: int) -> int:
 
 def watch_run(ledger: Ledger, run_id: int, console: Console,
               stop: Callable[[], bool] | None = None, interval: float = 0.25) -> RunStatus:
-    """Live progress bars, one per stage, until the run is complete (or ``stop()`` says so)."""
-    columns = (TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"))
-    tasks: dict[str, TaskID] = {}
-    with Progress(*columns, console=console) as progress:
-        while True:
-            st = ledger.status(run_id)
-            stages = stage_order(ledger, st)
-            for i, stage in enumerate(stages):
-                if stage not in tasks:
-                    tasks[stage] = progress.add_task(stage, total=st.total, detail="")
-                progress.update(tasks[stage], total=st.total, completed=stage_done(st, stages, i),
-                                detail=f"{st.state} · {counts_line(st.counts.get(stage, {}))}")
-            if st.complete or (stop is not None and stop()):
-                return st
+    """Live progress, redrawn from ``status`` until the run is complete (or ``stop()`` says so):
+    the run's state and units, then one bar per stage of the job. The closing entry is not a
+    stage of units and has no bar; no number is ever cut, a long line wraps."""
+    st = ledger.status(run_id)
+    with Live(_view(ledger, st), console=console, auto_refresh=False) as live:
+        while not (st.complete or (stop is not None and stop())):
             time.sleep(interval)
+            st = ledger.status(run_id)
+            live.update(_view(ledger, st), refresh=True)
+    return st
+
+
+def _view(ledger: Ledger, st: RunStatus) -> Table:
+    """One frame: a line for the run, then a row per stage (bar, units past it, its counts)."""
+    left = st.total - st.processed - st.failed - st.skipped
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, justify="right")
+    grid.add_column(overflow="fold")
+    grid.add_row(f"run {st.run_id}", "", "",
+                 Text(f"{st.state} (next: {st.next}) · {st.total} units: {st.processed} "
+                      f"processed, {st.failed} failed, {st.skipped} skipped, {left} to go"))
+    stages = [s for s in stage_order(ledger, st) if s != CLOSE_STAGE]
+    for i, stage in enumerate(stages):
+        done = stage_done(st, stages, i)
+        grid.add_row(Text(stage), ProgressBar(total=max(st.total, 1), completed=done, width=24),
+                     f"{done}/{st.total}", Text(counts_line(st.counts.get(stage, {}))))
+    return grid

@@ -74,3 +74,42 @@ def split_sends(payload: dict[str, Any]) -> Iterator[Item]:
 @sends.stage("send")  # not idempotent, no verify hook: a lost lease means "unknown"
 def send(item: ItemView, ctx: Context) -> dict[str, str]:
     return {"sent": ctx.idempotency_key}
+
+
+tolerant = ledger.job("tolerant", tolerate=2)  # up to 2 failed units: completed_with_failures
+
+
+@tolerant.decompose
+def split_tolerant(payload: dict[str, Any]) -> Iterator[Item]:
+    for i in range(payload.get("n", 5)):
+        yield Item(key=f"t{i}", data={"fail": i in payload.get("fail", [])})
+
+
+@tolerant.stage("first", idempotent=True)
+def first(item: ItemView, ctx: Context) -> None:
+    return None
+
+
+@tolerant.stage("second", after="first", idempotent=True)
+def second(item: ItemView, ctx: Context) -> None:
+    if item.data["fail"]:
+        raise Permanent("mailbox refused")
+
+
+@tolerant.on_complete
+def closed(status: Any) -> None:
+    return None
+
+
+broken = ledger.job("broken")  # its decomposer always raises: a person must fix it
+
+
+@broken.decompose
+def split_broken(payload: dict[str, Any]) -> Iterator[Item]:
+    raise ConnectionError("the upstream API is down")
+    yield Item()  # a generator, as decomposers usually are
+
+
+@broken.stage("work", idempotent=True)
+def broken_work(item: ItemView, ctx: Context) -> None:
+    return None

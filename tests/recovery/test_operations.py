@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from workledger import Item, Ledger, Permanent
+from workledger.errors import UsageError
 from workledger.storage import open_store
 
 pytestmark = pytest.mark.integration
@@ -63,7 +64,8 @@ def test_retry_redrives_failed_items_once_and_records_who(db_url: str) -> None:
     assert ledger.status(sub.run_id).state == "failed"
     assert ledger.status(sub.run_id).next == "operator: retry 2 failed items"
     assert ledger.retry(sub.run_id, seqs=[1], note="fixed b") == 1
-    assert ledger.retry(sub.run_id, seqs=[1]) == 0  # already pending: moved once
+    with pytest.raises(UsageError, match="is pending, not failed"):  # moved once, then refused
+        ledger.retry(sub.run_id, seqs=[1])
     st = ledger.status(sub.run_id)
     assert (st.complete, st.failed, st.counts["apply"]["pending"]) == (False, 1, 1)
     item = ledger.history(sub.run_id, "apply", 1)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from workledger.api import Ledger, RunStatus
+from workledger.api import CLOSE_STAGE, Ledger, RunStatus
 from workledger.progress import ITEM_STATES, counts_line, stage_order
 
 __all__ = ["ITEM_STATES", "echo_json", "one_line", "print_status", "status_dict"]
@@ -39,7 +39,11 @@ def print_status(ledger: Ledger, st: RunStatus) -> None:
     click.echo(f"units      {st.total} total: {st.processed} processed, {st.failed} failed, "
                f"{st.skipped} skipped, {left} to go")
     for stage in stage_order(ledger, st):
-        click.echo(f"stage      {stage}: {counts_line(st.counts.get(stage, {}))}")
+        counts = counts_line(st.counts.get(stage, {}))
+        if stage == CLOSE_STAGE:  # the closing hook's own entry, not a stage of units
+            click.echo(f"closing    the closing hook: {counts}")
+        else:
+            click.echo(f"stage      {stage}: {counts}")
     click.echo(f"created    {st.created_at} · decomposed {st.decomposed_at or '-'}"
                f" · completed {st.completed_at or '-'}")
     if st.error:

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, differences
+from workledger.api import RESOLVE_TARGETS, differences, since_time
 from workledger.cli.output import echo_json, one_line
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
@@ -52,9 +52,14 @@ def sweep(settings: Settings, grace: float, as_json: bool) -> None:
 @click.pass_obj
 def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, ...],
           note: str | None) -> None:
-    """Redrive RUN's failed items back to pending with fresh attempts (audited)."""
+    """Redrive RUN's failed items back to pending with fresh attempts (audited). Refused in a
+    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2."""
     n = settings.ledger().retry(run_id, stage=stage, seqs=list(seqs) or None, note=note)
-    click.echo(f"run {run_id}: redrove {n} failed item{'s' if n != 1 else ''}")
+    if n == 0 and not seqs:
+        click.echo(f"run {run_id}: no failed items{f' in stage {stage}' if stage else ''}; "
+                   "nothing changed")
+    else:
+        click.echo(f"run {run_id}: redrove {n} failed item{'s' if n != 1 else ''}")
 
 
 @click.command()
@@ -78,9 +83,10 @@ def resolve(settings: Settings, run_id: int, stage: str, seq: int, as_state: str
 @NOTE
 @click.pass_obj
 def pause(settings: Settings, run_id: int, note: str | None) -> None:
-    """Stop claiming RUN's items; items in flight finish."""
+    """Stop claiming RUN's items; items in flight finish. A finished (complete or cancelled)
+    run is refused (exit 2)."""
     done = settings.ledger().pause(run_id, note=note)
-    click.echo(f"run {run_id}: {'paused' if done else 'already paused or cancelled'}")
+    click.echo(f"run {run_id}: {'paused' if done else 'already paused; nothing changed'}")
 
 
 @click.command()
@@ -88,9 +94,9 @@ def pause(settings: Settings, run_id: int, note: str | None) -> None:
 @NOTE
 @click.pass_obj
 def resume(settings: Settings, run_id: int, note: str | None) -> None:
-    """Let workers claim RUN's items again."""
+    """Let workers claim RUN's items again. A finished run is refused (exit 2)."""
     done = settings.ledger().resume(run_id, note=note)
-    click.echo(f"run {run_id}: {'resumed' if done else 'was not paused'}")
+    click.echo(f"run {run_id}: {'resumed' if done else 'was not paused; nothing changed'}")
 
 
 @click.command()
@@ -98,12 +104,28 @@ def resume(settings: Settings, run_id: int, note: str | None) -> None:
 @NOTE
 @click.pass_obj
 def cancel(settings: Settings, run_id: int, note: str | None) -> None:
-    """Cancel RUN: its pending items become skipped (reason: cancelled)."""
+    """Cancel RUN: its pending items become skipped (reason: cancelled). A finished run is
+    refused (exit 2): cancelling it would relabel its history."""
     n = settings.ledger().cancel(run_id, note=note)
     if n < 0:
-        click.echo(f"run {run_id}: already cancelled")
+        click.echo(f"run {run_id}: already cancelled; nothing changed")
     else:
         click.echo(f"run {run_id}: cancelled; {n} pending item{'s' if n != 1 else ''} skipped")
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN", type=int)
+@click.option("--stage", help="Only failed items of this stage.")
+@click.option("--item", "seq", type=int, metavar="SEQ", help="Only this item (its seq).")
+@click.option("--note", required=True, metavar="TEXT",
+              help="What was reviewed and decided: recorded with the acknowledgement.")
+@click.pass_obj
+def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, note: str) -> None:
+    """Acknowledge RUN's failed items (or one stage's, or one item's) after reviewing them: an
+    event, not a state change. audit then lists them as reviewed and no longer exits 1 for
+    them; an item that fails again later alerts again."""
+    n = settings.ledger().ack(run_id, stage=stage, seq=seq, note=note)
+    click.echo(f"run {run_id}: acknowledged {n} failed item{'s' if n != 1 else ''}")
 
 
 @click.command()
@@ -174,24 +196,43 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
 
 
 @click.command()
+@click.option("--run", "run_id", type=int, metavar="RUN", help="Only this run's findings.")
+@click.option("--job", metavar="NAME", help="Only findings in runs of this job.")
+@click.option("--since", metavar="AGE|TIME",
+              help="Only findings since then: an age (30m, 24h, 7d) or an ISO date or time.")
 @JSON
 @click.pass_obj
-def audit(settings: Settings, as_json: bool) -> None:
+def audit(settings: Settings, run_id: int | None, job: str | None, since: str | None,
+          as_json: bool) -> None:
     """List every stranded run and item with the path that will move it, and since when.
-    Exits 1 when something needs a person."""
-    findings = settings.ledger().audit()
+    Exits 1 when something needs a person now. Failures a person reviewed (acknowledged with
+    `ack`, or within the tolerance of a finished run) are listed apart and do not make it
+    exit 1, so a cron alert on it clears once each failure has been looked at."""
+    cutoff = since_time(since) if since is not None else None
+    findings = settings.ledger().audit(run_id=run_id, job=job, since=cutoff)
     if as_json:
         echo_json([f.to_dict() for f in findings])
     elif not findings:
         click.echo("nothing stranded")
     else:
-        table = Table("run", "what", "item", "since", "who moves it", "detail")
-        for f in findings:
-            item = f"{f.stage}/{f.seq}" if f.stage is not None else ""
-            table.add_row(str(f.run_id), f.kind, item, f.since, f.path, one_line(f.detail or ""))
-        Console(markup=False, width=160).print(table)
+        now = [f for f in findings if f.reviewed is None]
+        _findings_table("stranded, with who moves it" if now else "", now)
+        _findings_table("reviewed (not alerting)", [f for f in findings if f.reviewed])
     if any(f.needs_person for f in findings):
         raise click.exceptions.Exit(1)
 
 
-COMMANDS = (sweep, retry, resolve, pause, resume, cancel, history, reconcile, audit)
+def _findings_table(title: str, findings: list[Any]) -> None:
+    if not findings:
+        return
+    reviewed = any(f.reviewed for f in findings)
+    table = Table("run", "what", "item", "since", "review" if reviewed else "who moves it",
+                  "detail", title=title or None, title_justify="left")
+    for f in findings:
+        item = f"{f.stage}/{f.seq}" if f.stage is not None else ""
+        table.add_row(str(f.run_id), f.kind, item, f.since, f.reviewed or f.path,
+                      one_line(f.detail or ""))
+    Console(markup=False, width=160).print(table)
+
+
+COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, history, reconcile, audit)

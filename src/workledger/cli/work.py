@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from workledger.api import RunStatus, Worker, WorkReport
-from workledger.cli.output import echo_json, status_dict
+from workledger.cli.output import echo_json, one_line, status_dict
 from workledger.cli.settings import Settings
 from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageError
 
@@ -62,10 +62,12 @@ def read_payload(payload: str | None, payload_file: str | None) -> dict[str, Any
 
 def submission_line(created: bool, st: RunStatus) -> str:
     done = f"{st.processed} processed, {st.failed} failed, {st.skipped} skipped of {st.total}"
+    error = f"; error: {one_line(st.error)}" if st.error else ""
     if created:
-        return f"run {st.run_id} created (key {st.key}): {st.state}, {done}; next: {st.next}"
+        return (f"run {st.run_id} created (key {st.key}): {st.state}, {done}; next: {st.next}"
+                f"{error}")
     return (f"run {st.run_id} already exists for key {st.key} (nothing new written): "
-            f"{st.state}, {done}; next: {st.next}")
+            f"{st.state}, {done}; next: {st.next}{error}")
 
 
 @click.command()

@@ -31,6 +31,16 @@ class Actor(StrEnum):
     OPERATOR = "operator"  # a person: retry, resolve, cancel
 
 
+# Reasons the ledger itself leaves on items (wl_items.error). An item whose reason starts with
+# LEASE_EXPIRED lost its holder while it may have been running: the next claimer treats it as a
+# suspect (runs it alone, its attempt charged first), so a poison item charges only itself.
+LEASE_EXPIRED = "lease_expired"
+RECLAIMED = f"{LEASE_EXPIRED}: its holder stopped renewing the lease"
+AWAITING_VERIFY = f"{LEASE_EXPIRED}: awaiting verify"
+OUTCOME_UNKNOWN = f"{LEASE_EXPIRED}: outcome unknown; a person must resolve it"
+VERIFIED_NOT_DONE = f"{LEASE_EXPIRED}: verify: not done; will run again"
+NOT_STARTED = "not started: its holder stopped before running it"
+
 TERMINAL: frozenset[ItemState] = frozenset(
     {ItemState.PROCESSED, ItemState.FAILED, ItemState.SKIPPED}
 )

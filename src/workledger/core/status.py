@@ -16,6 +16,10 @@ Counts = Mapping[str, Mapping[str, int]]  # stage -> state -> n
 # The closing hook is a ledger entry of its own, in this reserved stage; it is not a unit.
 CLOSE_STAGE = "@close"
 PERMANENT_DECOMPOSITION = "decomposition failed permanently"
+# A decomposer that failed this many times is a person's to fix (the sweeper keeps trying, less
+# and less often). Each failure is a wl_events row of this kind.
+DECOMPOSE_PATIENCE = 3
+DECOMPOSITION_FAILED = "decomposition_failed"
 
 
 def work_counts(counts: Counts) -> dict[str, Mapping[str, int]]:
@@ -33,6 +37,8 @@ class RunFacts:
     error: str | None = None
     expired_leases: int = 0  # claimed items whose lease has run out
     retries_waiting: int = 0  # pending items whose not_before is in the future
+    verifying: int = 0  # unknown items awaiting their verify hook (the sweeper asks it)
+    decompose_failures: int = 0  # times the decomposer raised, while not decomposed
     tolerate: float | int = 0
 
 
@@ -109,6 +115,19 @@ def settledness(stages: Sequence[str], counts: Counts, decomposed: bool) -> tupl
     return units, unsettled, decomposed and unsettled == 0 and units.finished >= units.total
 
 
+def decomposer_needs_person(error: str | None, failures: int) -> bool:
+    """A run whose decomposer failed permanently, or kept failing, waits for a person."""
+    return (error or "").startswith(PERMANENT_DECOMPOSITION) or (
+        error is not None and failures >= DECOMPOSE_PATIENCE)
+
+
+def _decomposer_next(facts: RunFacts) -> str:
+    if decomposer_needs_person(facts.error, facts.decompose_failures):
+        return (f"operator: the decomposer failed {facts.decompose_failures} times; fix it, "
+                "then `workledger sweep` decomposes the run again")
+    return "sweeper"
+
+
 def derive(facts: RunFacts) -> Derived:
     units, unsettled, complete = settledness(facts.stages, facts.counts, facts.decomposed)
     unknown = sum(_n(facts.counts, s, ItemState.UNKNOWN) for s in work_counts(facts.counts))
@@ -118,7 +137,7 @@ def derive(facts: RunFacts) -> Derived:
     elif not facts.decomposed and (facts.error or "").startswith(PERMANENT_DECOMPOSITION):
         state, nxt = "failed", "operator: fix the decomposer, then resubmit under a new key"
     elif not facts.decomposed:
-        state, nxt = "accepted", "sweeper"
+        state, nxt = "accepted", _decomposer_next(facts)
     elif complete:
         if units.failed == 0:
             state, nxt = "completed", "nobody: complete"
@@ -127,7 +146,11 @@ def derive(facts: RunFacts) -> Derived:
         else:
             state, nxt = "failed", f"operator: retry {units.failed} failed items"
     elif unknown:
-        state, nxt = "awaiting_repair", f"operator: resolve {unknown} unknown items"
+        state = "awaiting_repair"
+        if unknown > facts.verifying:
+            nxt = f"operator: resolve {unknown - facts.verifying} unknown items"
+        else:
+            nxt = f"sweeper: asks the verify hook of {unknown} items"
     elif facts.paused:
         state, nxt = "paused", "operator: resume"
     elif facts.expired_leases or (facts.retries_waiting and facts.retries_waiting == unsettled):

@@ -1,16 +1,30 @@
-"""Audit: list every stranded run and item with the re-entry path that will move it."""
+"""Audit: list every stranded run and item with the re-entry path that will move it.
+
+A finding either needs a person now (``needs_person``) or does not: either a process will move
+it (the sweeper, a worker), or a person has already reviewed it (``reviewed`` says how: the
+failure is within the tolerance of a finished run, or it was acknowledged with ``ack`` after it
+failed). Everything is read a page at a time, so nothing is silently left out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
+from workledger.core.states import AWAITING_VERIFY
+from workledger.core.status import (
+    CLOSE_STAGE,
+    PERMANENT_DECOMPOSITION,
+    decomposer_needs_person,
+)
 from workledger.runtime.jobs import Job
+from workledger.runtime.operations import ACKNOWLEDGED
 from workledger.runtime.reconcile import differences, reconcile
-from workledger.runtime.sweeper import AWAITING_VERIFY
-from workledger.storage.port import ItemRow, Store
+from workledger.runtime.status import decompose_failures, status_of
+from workledger.storage.port import EventRow, ItemRow, RunRow, Store
+
+PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -23,30 +37,92 @@ class Finding:
     stage: str | None = None
     seq: int | None = None
     detail: str | None = None
+    reviewed: str | None = None  # why it does not alert: within tolerance, or acknowledged
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def audit(store: Store, jobs: Mapping[str, Job], limit: int = 1000) -> list[Finding]:
-    found = _undecomposed(store) + _expired(store, jobs, limit) + _attention(store, limit)
-    found += _unclosed(store, jobs) + _drift(store, jobs, limit)
-    return found
+@dataclass(frozen=True)
+class AuditFilter:
+    """Which findings to list: of one run, of one job, and since when (a time as stored)."""
+
+    run_id: int | None = None
+    job: str | None = None
+    since: str | None = None
+
+    def keeps(self, run: RunRow | None, when: str) -> bool:
+        if self.run_id is not None and (run is None or run.id != self.run_id):
+            return False
+        if self.job is not None and (run is None or run.job != self.job):
+            return False
+        return self.since is None or when >= self.since
 
 
-def _undecomposed(store: Store) -> list[Finding]:
-    out = []
+@dataclass
+class _Runs:
+    """The runs findings point at, each read once: its row, its status, its acknowledgements."""
+
+    store: Store
+    jobs: Mapping[str, Job]
+    rows: dict[int, RunRow | None] = field(default_factory=dict)
+    states: dict[int, Any] = field(default_factory=dict)
+    acks: dict[int, list[EventRow]] = field(default_factory=dict)
+
+    def row(self, run_id: int) -> RunRow | None:
+        if run_id not in self.rows:
+            self.rows[run_id] = self.store.run_get(run_id)
+        return self.rows[run_id]
+
+    def job(self, run_id: int) -> Job | None:
+        run = self.row(run_id)
+        return self.jobs.get(run.job) if run else None
+
+    def status(self, run_id: int) -> Any:
+        run = self.row(run_id)
+        if run_id not in self.states and run is not None:
+            self.states[run_id] = status_of(self.store, run, self.job(run_id))
+        return self.states.get(run_id)
+
+    def acknowledged(self, item: ItemRow) -> EventRow | None:
+        """The latest acknowledgement covering ``item``'s failure (made after it failed)."""
+        if item.run_id not in self.acks:
+            self.acks[item.run_id] = self.store.events_list(item.run_id, kind=ACKNOWLEDGED)
+        for event in reversed(self.acks[item.run_id]):
+            scope = event.detail if isinstance(event.detail, dict) else {}
+            if scope.get("stage") not in (None, item.stage):
+                continue
+            if scope.get("seq") not in (None, item.seq) or event.at < item.updated_at:
+                continue
+            return event
+        return None
+
+
+def audit(store: Store, jobs: Mapping[str, Job], where: AuditFilter | None = None
+          ) -> list[Finding]:
+    where = where or AuditFilter()
+    runs = _Runs(store, jobs)
+    found = [*_undecomposed(store), *_expired(store, runs), *_attention(store, runs),
+             *_unclosed(store, jobs), *_drift(store, jobs, where)]
+    return [f for f in found if where.keeps(runs.row(f.run_id), f.since)]
+
+
+def _undecomposed(store: Store) -> Iterator[Finding]:
     for run in store.runs_undecomposed(0.0):
-        permanent = (run.error or "").startswith(PERMANENT_DECOMPOSITION)
-        path = ("a person: fix the decomposer, then resubmit under a new key" if permanent
-                else "sweeper: re-decomposes from the retained payload, keeping existing rows")
-        out.append(Finding("not_decomposed", run.id, str(run.created_at), path, permanent,
-                           detail=run.error))
-    return out
+        failures = decompose_failures(store, run)
+        person = decomposer_needs_person(run.error, failures)
+        if (run.error or "").startswith(PERMANENT_DECOMPOSITION):
+            path = "a person: fix the decomposer, then resubmit under a new key"
+        elif person:
+            path = (f"a person: the decomposer failed {failures} times; fix it, then "
+                    "workledger sweep")
+        else:
+            path = "sweeper: re-decomposes from the retained payload, keeping existing rows"
+        yield Finding("not_decomposed", run.id, str(run.created_at), path, person,
+                      detail=run.error)
 
 
-def _stage_path(jobs: Mapping[str, Job], job_name: str, stage: str) -> str:
-    job = jobs.get(job_name)
+def _stage_path(job: Job | None, stage: str) -> str:
     if job is None:
         return "sweeper: by the stage's declaration (run it with the app to know which)"
     s = job.stage_named(stage)
@@ -57,65 +133,78 @@ def _stage_path(jobs: Mapping[str, Job], job_name: str, stage: str) -> str:
     return "sweeper: to unknown, then a person: workledger resolve"
 
 
-def _job_names(store: Store, items: list[ItemRow]) -> dict[int, str]:
-    names: dict[int, str] = {}
-    for i in items:
-        if i.run_id not in names:
-            run = store.run_get(i.run_id)
-            names[i.run_id] = run.job if run else ""
-    return names
+def _paged(read: Any) -> Iterator[ItemRow]:
+    after = 0
+    while page := read(after):
+        yield from page
+        after = page[-1].id
 
 
-def _expired(store: Store, jobs: Mapping[str, Job], limit: int) -> list[Finding]:
-    items = store.leases_expired(limit)
-    names = _job_names(store, items)
-    return [
-        Finding("expired_lease", i.run_id, str(i.lease_until),
-                _stage_path(jobs, names[i.run_id], i.stage), False, i.stage, i.seq)
-        for i in items
-    ]
+def _expired(store: Store, runs: _Runs) -> Iterator[Finding]:
+    for i in _paged(lambda after: store.leases_expired(PAGE, after)):
+        yield Finding("expired_lease", i.run_id, str(i.lease_until),
+                      _stage_path(runs.job(i.run_id), i.stage), False, i.stage, i.seq)
 
 
-def _attention(store: Store, limit: int) -> list[Finding]:
-    out = []
-    for i in store.items_attention(["unknown", "failed"], limit):
+def _attention(store: Store, runs: _Runs) -> Iterator[Finding]:
+    for i in _paged(lambda after: store.items_attention(["unknown", "failed"], PAGE, after)):
         if i.state == "failed":
-            path = f"a person: workledger retry {i.run_id} --stage {i.stage} --item {i.seq}"
-            out.append(Finding("failed", i.run_id, str(i.updated_at), path, True, i.stage, i.seq,
-                               i.error))
+            yield _failure(i, runs)
         elif i.error == AWAITING_VERIFY:
-            out.append(Finding("unknown", i.run_id, str(i.updated_at),
-                               "sweeper: asks the stage's verify hook", False, i.stage, i.seq,
-                               i.error))
+            yield Finding("unknown", i.run_id, str(i.updated_at),
+                          "sweeper: asks the stage's verify hook", False, i.stage, i.seq,
+                          i.error)
         else:
             path = (f"a person: workledger resolve {i.run_id} --stage {i.stage} --item {i.seq}"
                     " --as processed|failed|pending")
-            out.append(Finding("unknown", i.run_id, str(i.updated_at), path, True, i.stage,
-                               i.seq, i.error))
-    return out
+            yield Finding("unknown", i.run_id, str(i.updated_at), path, True, i.stage,
+                          i.seq, i.error)
 
 
-def _unclosed(store: Store, jobs: Mapping[str, Job]) -> list[Finding]:
-    out = []
+def _failure(i: ItemRow, runs: _Runs) -> Finding:
+    path = f"a person: workledger retry {i.run_id} --stage {i.stage} --item {i.seq}"
+    reviewed = None
+    status = runs.status(i.run_id)
+    ack = runs.acknowledged(i)
+    if ack is not None:
+        note = ack.detail.get("note") if isinstance(ack.detail, dict) else None
+        reviewed = f"acknowledged {ack.at} by {ack.actor or 'operator'}: {note}"
+    elif status is not None and status.state == "completed_with_failures":
+        reviewed = (f"within tolerance: run {i.run_id} finished completed_with_failures "
+                    f"({status.failed} of {status.total} units failed)")
+    elif i.stage == CLOSE_STAGE:
+        path = f"a person: workledger retry {i.run_id} --stage {CLOSE_STAGE}"
+    return Finding("failed", i.run_id, str(i.updated_at), path, reviewed is None, i.stage,
+                   i.seq, i.error, reviewed)
+
+
+def _unclosed(store: Store, jobs: Mapping[str, Job]) -> Iterator[Finding]:
     for job in jobs.values():
         if job.closing is None:
             continue
         for run_id in store.runs_to_close([job.name], CLOSE_STAGE):
             run = store.run_get(run_id)
             since = str(run.completed_at) if run else ""
-            out.append(Finding("closing_hook_not_run", run_id, since,
-                               "sweeper: runs the closing hook once", False, CLOSE_STAGE, 0))
-    return out
+            yield Finding("closing_hook_not_run", run_id, since,
+                          "sweeper: runs the closing hook once", False, CLOSE_STAGE, 0)
 
 
-def _drift(store: Store, jobs: Mapping[str, Job], limit: int) -> list[Finding]:
-    out = []
-    for run in store.runs_list(limit):
+def _drift(store: Store, jobs: Mapping[str, Job], where: AuditFilter) -> Iterator[Finding]:
+    for run in _runs(store, where):
         job = jobs.get(run.job)
         stages = [s.name for s in job.stages] if job else []
         diff = differences(reconcile(store, run.id, stages, dry_run=True))
         if diff:
             text = ", ".join(f"{k}: stored {a} vs ledger {b}" for k, (a, b) in diff.items())
-            out.append(Finding("projection_drift", run.id, str(run.created_at),
-                               f"workledger reconcile {run.id}", False, detail=text))
-    return out
+            yield Finding("projection_drift", run.id, str(run.created_at),
+                          f"workledger reconcile {run.id}", False, detail=text)
+
+
+def _runs(store: Store, where: AuditFilter) -> Iterator[RunRow]:
+    """The runs whose projection to check: the one asked for, or the most recent ones."""
+    if where.run_id is not None:
+        run = store.run_get(where.run_id)
+        if run is not None:
+            yield run
+        return
+    yield from store.runs_list(1000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from workledger.core.outcomes import Item, Skip
+from workledger.core.outcomes import Item, Permanent, Skip
 from workledger.core.status import PERMANENT_DECOMPOSITION
 from workledger.core.text import Unstorable, json_text, safe_text
 from workledger.errors import DecompositionFailed
@@ -69,8 +69,16 @@ def _pull(rows: Iterator[NewItem], batch: int) -> tuple[list[NewItem], Exception
     return chunk, None
 
 
+def _failure(error: Exception) -> str:
+    """The run's error for a decomposer that raised; ``Permanent`` marks it as one no retry
+    can mend (the run fails now instead of being decomposed again)."""
+    if isinstance(error, Permanent):
+        return f"{PERMANENT_DECOMPOSITION}: {error.reason}"
+    return f"decomposer raised {type(error).__name__}: {error}"
+
+
 def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
-              check_existing: bool = False) -> RunRow:
+              check_existing: bool = False, actor: str | None = None) -> RunRow:
     """Write every item of ``run`` (existing rows are kept), then mark the run decomposed.
 
     Memory stays flat: rows are produced lazily and written ``batch`` at a time. If the
@@ -87,29 +95,30 @@ def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
     while True:
         chunk, error = _pull(rows, size)
         if chunk:
-            _write(store, run, first, chunk, check_existing)
+            _write(store, run, first, chunk, check_existing, actor)
             count = chunk[-1].seq + 1
         if error is not None:
-            message = f"decomposer raised {type(error).__name__}: {error}"
-            store.run_record_error(run.id, safe_text(message))
+            message = _failure(error)
+            store.run_record_error(run.id, safe_text(message), actor)
             raise DecompositionFailed(message, run.id) from error
         if len(chunk) < size:
             break
     if check_existing and store.items_keys(run.id, first, count, _BEYOND):
-        _changed(store, run, f"it now yields {count} units but more rows were kept")
+        _changed(store, run, f"it now yields {count} units but more rows were kept", actor)
     return store.run_mark_decomposed(run.id, first)
 
 
-def _write(store: Store, run: RunRow, stage: str, chunk: list[NewItem], check: bool) -> None:
+def _write(store: Store, run: RunRow, stage: str, chunk: list[NewItem], check: bool,
+           actor: str | None) -> None:
     if check:
         try:
             _check_same(store, run.id, stage, chunk)
         except OutputChanged as exc:
-            _changed(store, run, str(exc))
+            _changed(store, run, str(exc), actor)
     store.items_insert_many(ItemsInsert(run.id, stage, chunk))
 
 
-def _changed(store: Store, run: RunRow, why: str) -> None:
+def _changed(store: Store, run: RunRow, why: str, actor: str | None) -> None:
     message = f"{PERMANENT_DECOMPOSITION}: the decomposer's output changed: {why}"
-    store.run_record_error(run.id, safe_text(message))
+    store.run_record_error(run.id, safe_text(message), actor)
     raise DecompositionFailed(message, run.id)

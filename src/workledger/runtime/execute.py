@@ -26,8 +26,6 @@ from workledger.storage.port import ClaimedItem, Finish
 
 _PROCESSED_NONE = Processed(None)  # immutable: one shared value for every handler that returns None
 
-# Reason left on an item whose holder lost its lease; the next claimer runs it in isolation.
-LEASE_EXPIRED = "lease_expired"
 TRACE_LIMIT = 4096  # characters of a failure's traceback kept in its event (the last frames)
 _PROCESSED = move("complete", Actor.WORKER).target.value
 
@@ -83,7 +81,7 @@ def run_handler(
     try:
         return Processed(json_text(value))
     except Unstorable as exc:
-        return Failed(f"handler returned a result that cannot be stored: it {exc}")
+        return Failed(f"handler returned a result that cannot be stored: {exc}")
 
 
 def trace_of(exc: BaseException) -> str | None:

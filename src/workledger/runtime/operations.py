@@ -1,20 +1,29 @@
-"""Operator actions: redrive, resolve, pause, resume, cancel, history. Each is audited in
-``wl_events`` with who did it and why, and each is guarded by the state it moves from, so two
-operators (or an operator and the sweeper) racing move every item at most once."""
+"""Operator actions: redrive, resolve, acknowledge, pause, resume, cancel, history.
+
+Each is audited in ``wl_events`` with who did it and why, and each is guarded twice: by the
+run's state (a finished run is not cancelled, a cancelled run's failures are not redriven:
+:class:`~workledger.errors.Refused`, nothing changed) and, in the database, by the state each
+item is moved from, so two operators (or an operator and the sweeper) racing move every item
+at most once.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from workledger.core.states import Actor, ItemState, move
-from workledger.errors import UsageError
+from workledger.core.status import CLOSE_STAGE
+from workledger.errors import Refused, UsageError
 from workledger.runtime.jobs import Job
+from workledger.runtime.status import status_of
 from workledger.storage.port import (
     EventRow,
     ItemRow,
     ItemsQuery,
+    NewEvent,
+    RunRow,
     Settle,
     SettleParams,
     Store,
@@ -22,56 +31,121 @@ from workledger.storage.port import (
 
 PAGE = 1000
 _REDRIVE = move("redrive", Actor.OPERATOR)
+RESOLVE_TARGETS = tuple(m.target.value for m in
+                        (move("resolve", Actor.OPERATOR, ItemState(s))
+                         for s in ("processed", "failed", "pending")))
+ACKNOWLEDGED = "acknowledged"  # the wl_events kind of an operator's review of failures
 
 
-def _items(store: Store, run_id: int, stage: str | None, state: str) -> list[ItemRow]:
-    found: list[ItemRow] = []
+def pages(store: Store, run_id: int, stage: str | None, state: str | None,
+          seq: int | None = None) -> Iterator[ItemRow]:
+    """The run's items (of a stage, in a state), a page at a time, in id order."""
     after = 0
-    while page := store.items_list(ItemsQuery(run_id, stage, state, PAGE, after)):
-        found.extend(page)
+    while page := store.items_list(ItemsQuery(run_id, stage, state, PAGE, after, seq)):
+        yield from page
         after = page[-1].id
-    return found
+
+
+# -- guards ------------------------------------------------------------------------------------
+
+
+def refuse_if_cancelled(run: RunRow, verb: str) -> None:
+    if run.cancelled_at is not None:
+        raise Refused(f"run {run.id} is cancelled: its items are not {verb} any more; "
+                      "nothing changed")
+
+
+def refuse_if_finished(store: Store, run: RunRow, job: Job | None, verb: str) -> None:
+    """A cancelled or complete run is finished: pausing, resuming or cancelling it would only
+    relabel its history."""
+    if run.cancelled_at is not None:
+        raise Refused(f"run {run.id} is cancelled: a finished run is not {verb}; "
+                      "nothing changed")
+    status = status_of(store, run, job)
+    if status.complete:
+        raise Refused(f"run {run.id} is {status.state}: a finished run is not {verb}; "
+                      "nothing changed")
+
+
+def stages_of(store: Store, run: RunRow, job: Job | None) -> list[str]:
+    """The stages the run has: its job's, and any its rows name (the closing entry too)."""
+    known = [s.name for s in job.stages] if job else []
+    if job is not None and job.closing is not None:
+        known.append(CLOSE_STAGE)
+    return known + [s for s in store.run_counts(run.id) if s not in known]
+
+
+def check_stage(store: Store, run: RunRow, job: Job | None, stage: str | None) -> None:
+    if stage is not None and stage not in stages_of(store, run, job):
+        have = ", ".join(stages_of(store, run, job)) or "none"
+        raise UsageError(f"run {run.id} has no stage {stage!r} (its stages: {have})")
+
+
+# -- redrive -----------------------------------------------------------------------------------
 
 
 def retry(
-    store: Store, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
-    actor: str = "operator", note: str | None = None,
+    store: Store, run: RunRow, job: Job | None, *, stage: str | None = None,
+    seqs: Sequence[int] | None = None, actor: str = "operator", note: str | None = None,
 ) -> int:
-    """Redrive failed items back to pending with fresh attempts; return how many moved."""
-    failed = _items(store, run_id, stage, _REDRIVE.from_state)
-    if seqs is not None:
-        wanted = set(seqs)
-        failed = [i for i in failed if i.seq in wanted]
+    """Redrive failed items back to pending with fresh attempts; return how many moved.
+
+    Refused in a cancelled run (its pending items would only be skipped again, losing the
+    failure). An unknown stage, or a seq that names no item or no failed item, is refused.
+    """
+    refuse_if_cancelled(run, "redriven")
+    check_stage(store, run, job, stage)
+    failed = _chosen(store, run, stage, seqs)
     settles = [
-        Settle(i.id, _REDRIVE.target, reset_attempts=True, unit_removed="failed",
-               event="redriven",
+        Settle(i.id, _REDRIVE.target, reset_attempts=True,
+               unit_removed=None if i.stage == CLOSE_STAGE else "failed", event="redriven",
                detail=json.dumps({"previous_attempts": i.attempts, "previous_error": i.error,
                                   "note": note}))
         for i in failed
     ]
     moved = 0
     for start in range(0, len(settles), PAGE):
-        result = store.items_settle(SettleParams(run_id, _REDRIVE.from_state,
+        result = store.items_settle(SettleParams(run.id, _REDRIVE.from_state,
                                                  settles[start:start + PAGE], actor))
         moved += len(result.applied)
     return moved
 
 
-RESOLVE_TARGETS = tuple(m.target.value for m in
-                        (move("resolve", Actor.OPERATOR, ItemState(s))
-                         for s in ("processed", "failed", "pending")))
+def _chosen(store: Store, run: RunRow, stage: str | None,
+            seqs: Sequence[int] | None) -> list[ItemRow]:
+    if not seqs:
+        return list(pages(store, run.id, stage, _REDRIVE.from_state))
+    found: list[ItemRow] = []
+    for seq in dict.fromkeys(seqs):
+        rows = list(pages(store, run.id, stage, None, seq))
+        where = f" in stage {stage!r}" if stage else ""
+        if not rows:
+            raise UsageError(f"run {run.id} has no item {seq}{where}")
+        failed = [r for r in rows if r.state == _REDRIVE.from_state]
+        if not failed:
+            states = ", ".join(f"{r.stage}/{r.seq} is {r.state}" for r in rows)
+            raise UsageError(f"item {seq}{where} is not failed ({states}); nothing changed"
+                             if len(rows) > 1 else
+                             f"item {rows[0].stage}/{seq} is {rows[0].state}, not failed; "
+                             "nothing changed")
+        found.extend(failed)
+    return found
+
+
+# -- resolve -----------------------------------------------------------------------------------
 
 
 def resolve(
-    store: Store, job: Job | None, run_id: int, stage: str, seq: int, as_state: str, *,
+    store: Store, job: Job | None, run: RunRow, stage: str, seq: int, as_state: str, *,
     actor: str = "operator", note: str | None = None,
 ) -> bool:
     """Settle an ``unknown`` item by a person's decision; False if it was not unknown."""
     if as_state not in RESOLVE_TARGETS:
         raise UsageError(f"--as must be one of {', '.join(RESOLVE_TARGETS)}")
-    rows = store.items_list(ItemsQuery(run_id, stage, None, 1, 0, seq))
+    refuse_if_cancelled(run, "resolved")
+    rows = store.items_list(ItemsQuery(run.id, stage, None, 1, 0, seq))
     if not rows:
-        raise UsageError(f"run {run_id} has no item {seq} in stage {stage!r}")
+        raise UsageError(f"run {run.id} has no item {seq} in stage {stage!r}")
     item = rows[0]
     if item.state != "unknown":
         raise UsageError(f"item {seq} of stage {stage!r} is {item.state}, not unknown")
@@ -83,20 +157,58 @@ def resolve(
     settle = Settle(item.id, target, error=note if as_state == "failed" else None, unit=unit,
                     next_stage=nxt, event="resolved",
                     detail=json.dumps({"as": as_state, "note": note}))
-    return bool(store.items_settle(SettleParams(run_id, "unknown", [settle], actor)).applied)
+    return bool(store.items_settle(SettleParams(run.id, "unknown", [settle], actor)).applied)
 
 
-def pause(store: Store, run_id: int, *, actor: str = "operator", note: str | None = None) -> bool:
-    return store.run_set_paused(run_id, True, actor, note)
+# -- acknowledge -------------------------------------------------------------------------------
 
 
-def resume(store: Store, run_id: int, *, actor: str = "operator", note: str | None = None) -> bool:
-    return store.run_set_paused(run_id, False, actor, note)
+def ack(store: Store, run: RunRow, job: Job | None, *, stage: str | None = None,
+        seq: int | None = None, note: str, actor: str = "operator") -> int:
+    """Record that a person reviewed the run's failed items (of a stage, or one item): an event,
+    not a state change. ``audit`` then lists them as reviewed and no longer exits 1 for them;
+    an item that fails again after this (a redrive that failed) alerts again. Returns how many
+    failed items the acknowledgement covers."""
+    if not note or not note.strip():
+        raise UsageError("say why with --note: it is what the next person reads")
+    check_stage(store, run, job, stage)
+    covered = list(pages(store, run.id, stage, "failed", seq))
+    if not covered:
+        where = f" {stage}/{seq}" if seq is not None and stage else (
+            f" of stage {stage!r}" if stage else (f" {seq}" if seq is not None else ""))
+        raise UsageError(f"run {run.id} has no failed item{where}: nothing to acknowledge")
+    item_id = covered[0].id if seq is not None and len(covered) == 1 else None
+    detail = {"stage": stage, "seq": seq, "note": note, "items": len(covered)}
+    store.events_add([NewEvent(run_id=run.id, kind=ACKNOWLEDGED, item_id=item_id, actor=actor,
+                               detail=json.dumps(detail))])
+    return len(covered)
 
 
-def cancel(store: Store, run_id: int, *, actor: str = "operator", note: str | None = None) -> int:
-    """Cancel a run: its pending items become ``skipped`` (reason ``cancelled``)."""
-    return store.run_cancel(run_id, actor, note)
+# -- pause, resume, cancel -----------------------------------------------------------------------
+
+
+def pause(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator",
+          note: str | None = None) -> bool:
+    """Stop claiming the run's items; False when it was paused already."""
+    refuse_if_finished(store, run, job, "paused")
+    return store.run_set_paused(run.id, True, actor, note)
+
+
+def resume(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator",
+           note: str | None = None) -> bool:
+    """Let workers claim the run's items again; False when it was not paused."""
+    refuse_if_finished(store, run, job, "resumed")
+    return store.run_set_paused(run.id, False, actor, note)
+
+
+def cancel(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator",
+           note: str | None = None) -> int:
+    """Cancel a run: its pending items become ``skipped`` (reason ``cancelled``); -1 when it
+    was cancelled already. A finished run is refused: cancelling would relabel its history."""
+    if run.cancelled_at is not None:
+        return -1
+    refuse_if_finished(store, run, job, "cancelled")
+    return store.run_cancel(run.id, actor, note)
 
 
 @dataclass(frozen=True)

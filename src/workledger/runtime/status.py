@@ -3,17 +3,24 @@ CLI, the facade and the sweeper's closing hook), from the projection and the run
 
 from __future__ import annotations
 
-from workledger.core.status import RunFacts, derive
+from workledger.core.status import DECOMPOSITION_FAILED, RunFacts, derive
 from workledger.runtime.jobs import Job
 from workledger.runtime.results import RunStatus
 from workledger.storage.port import RunRow, Store
+
+
+def decompose_failures(store: Store, run: RunRow) -> int:
+    """How often the run's decomposer raised, while the run is not decomposed (0 otherwise)."""
+    if run.decomposed_at is not None or run.error is None:
+        return 0
+    return len(store.events_list(run.id, kind=DECOMPOSITION_FAILED))
 
 
 def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
     """``run``'s status from its stage counts, leases and markers (``job``: its definition,
     when loaded, for the order of its stages)."""
     counts = store.run_counts(run.id)
-    expired, waiting = store.run_waits(run.id)
+    expired, waiting, verifying = store.run_waits(run.id)
     facts = RunFacts(
         stages=[s.name for s in job.stages] if job else list(counts),
         counts=counts,
@@ -23,6 +30,8 @@ def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
         error=run.error,
         expired_leases=expired,
         retries_waiting=waiting,
+        verifying=verifying,
+        decompose_failures=decompose_failures(store, run),
         tolerate=_tolerance(run, job),
     )
     d = derive(facts)

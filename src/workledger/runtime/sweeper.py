@@ -21,12 +21,18 @@ from typing import Any
 
 from workledger import failpoints
 from workledger.core.outcomes import Outcome, Processed
-from workledger.core.states import Actor, move
+from workledger.core.states import (
+    AWAITING_VERIFY,
+    OUTCOME_UNKNOWN,
+    RECLAIMED,
+    VERIFIED_NOT_DONE,
+    Actor,
+    move,
+)
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.errors import DecompositionFailed
 from workledger.runtime.decompose import decompose
 from workledger.runtime.execute import (
-    LEASE_EXPIRED,
     context_for,
     run_handler,
     to_finish,
@@ -47,9 +53,6 @@ from workledger.storage.port import (
 
 log = logging.getLogger("workledger.sweeper")
 
-AWAITING_VERIFY = f"{LEASE_EXPIRED}: awaiting verify"
-RECLAIMED = f"{LEASE_EXPIRED}: its holder stopped renewing the lease"
-OUTCOME_UNKNOWN = f"{LEASE_EXPIRED}: outcome unknown; a person must resolve it"
 _RECLAIM, _RECLAIM_UNKNOWN, _DONE, _NOT_DONE, _UNSURE = (
     move(name, Actor.SWEEPER) for name in
     ("lease_expired", "lease_expired_unknown", "verify_done", "verify_not_done", "verify_unsure"))
@@ -77,8 +80,11 @@ class Sweeper:
         grace: float = 30.0,
         lease: float = 30.0,
         rng: random.Random | None = None,
+        backoff: float = 0.0,
     ) -> None:
         self.store = store
+        # after a decomposer failed n times, wait backoff * 2^(n-1) s (at most 1 h) to retry it
+        self.backoff = backoff
         self.jobs = dict(jobs)
         self.status_of = status_of
         self.actor = actor
@@ -97,12 +103,12 @@ class Sweeper:
     # -- runs never decomposed ---------------------------------------------------------------
 
     def _redecompose(self, report: SweepReport) -> None:
-        for run in self.store.runs_undecomposed(self.grace):
+        for run in self.store.runs_undecomposed(self.grace, self.backoff):
             job = self.jobs.get(run.job)
             if job is None or (run.error or "").startswith(PERMANENT_DECOMPOSITION):
                 continue
             try:
-                decompose(self.store, job, run, check_existing=True)
+                decompose(self.store, job, run, check_existing=True, actor=self.actor)
                 report.redecomposed += 1
             except DecompositionFailed as exc:
                 log.warning("run %s: %s", run.id, exc)
@@ -166,7 +172,8 @@ class Sweeper:
                     report.closing_failed += 1
 
     def _close(self, job: Job, run_id: int) -> bool:
-        claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor))
+        claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor,
+                                                     closing=True))
         item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
         if item is None:
             return False  # another sweeper holds it, or it waits for its retry time
@@ -193,7 +200,8 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
         return Settle(item.id, _DONE.target, result=result, unit=None if nxt else "processed",
                       next_stage=nxt, event="verified", detail=detail)
     if verdict == "not_done":
-        return Settle(item.id, _NOT_DONE.target, error="verify: not done; will run again",
+        # a suspect from here on: if it is poison, its next run charges its attempt first
+        return Settle(item.id, _NOT_DONE.target, error=VERIFIED_NOT_DONE,
                       event="verified", detail=detail)
     evidence = extra if isinstance(extra, str) else f"verify answered {verdict!r}"
     return Settle(item.id, _UNSURE.target, error=f"verify could not tell: {evidence}",

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from workledger.core.outcomes import Failed, Outcome
-from workledger.runtime.execute import LEASE_EXPIRED, run_handler, to_finish
+from workledger.core.states import LEASE_EXPIRED
+from workledger.runtime.execute import run_handler, to_finish
 from workledger.runtime.jobs import Job
 from workledger.runtime.sweeper import Sweeper
 from workledger.storage.port import (

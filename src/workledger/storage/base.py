@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 
+from workledger.core.states import AWAITING_VERIFY
+from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.errors import UnknownRun
 from workledger.storage import common
 from workledger.storage.dialect import C, Dialect
@@ -91,9 +93,15 @@ class LedgerStore(Dialect[C]):
         common.failpoint("decompose.after_mark")
         return self._run(row)
 
-    def run_record_error(self, run_id: int, error: str | None) -> None:
+    def run_record_error(self, run_id: int, error: str | None,
+                         actor: str | None = None) -> None:
+        """Record the decomposer's error on the run, and a ``decomposition_failed`` event (their
+        count is how often it failed: status and audit report a run that keeps failing)."""
         with self._tx() as conn:
             conn.execute(self.Q["run_record_error"], {"run_id": run_id, "error": error})
+            if error is not None:
+                conn.execute(self.Q["events_add"], common.run_event(
+                    run_id, DECOMPOSITION_FAILED, actor, error=error))
 
     def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
         rows = self._read_tuples(self.Q["runs_claimable"], {"jobs": self._list(jobs)})
@@ -102,13 +110,14 @@ class LedgerStore(Dialect[C]):
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return common.counts_of(self._read_tuples(self.Q["run_counts"], {"run_id": run_id}))
 
-    def run_waits(self, run_id: int) -> tuple[int, int]:
-        expired, waiting = self._first(self._read_tuples(self.Q["run_waits"],
-                                                         {"run_id": run_id}))
-        return int(expired), int(waiting)
+    def run_waits(self, run_id: int) -> tuple[int, int, int]:
+        expired, waiting, verifying = self._first(self._read_tuples(
+            self.Q["run_waits"], {"run_id": run_id, "verify": AWAITING_VERIFY}))
+        return int(expired), int(waiting), int(verifying)
 
-    def runs_undecomposed(self, grace_seconds: float) -> list[RunRow]:
-        rows = self._read(self.Q["runs_undecomposed"], {"grace": self._ago(grace_seconds)})
+    def runs_undecomposed(self, grace_seconds: float, backoff: float = 0.0) -> list[RunRow]:
+        rows = self._read(self.Q["runs_undecomposed"], {"grace": self._ago(grace_seconds),
+                                                        "backoff": float(backoff)})
         return [self._run(r) for r in rows]
 
     def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]:
@@ -130,18 +139,35 @@ class LedgerStore(Dialect[C]):
         with self._tx() as conn:
             if conn.execute(self.Q["run_cancel"], {"run_id": run_id}).fetchone() is None:
                 return -1
-            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
-            n = len(cancelled)
-            self._add_skipped(conn, run_id, n)
+            tally = common.Tally()
+            n = self._cancel_pending(conn, run_id, actor, tally)
             conn.execute(self.Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                                 note=note, items=n))
-            self._count(conn, run_id, common.Tally.moves((r[1] for r in cancelled),
-                                                         "pending", "skipped"))
+            self._count(conn, run_id, tally)
         return n
 
-    def _add_skipped(self, conn: C, run_id: int, n: int) -> None:
-        conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
-                                               "skipped": n}).fetchone()
+    def _cancel_pending(self, conn: C, run_id: int, actor: str, tally: common.Tally) -> int:
+        """Skip the run's pending items (reason ``cancelled``); an item that had a reason or
+        charged attempts keeps them in a ``skipped`` event. Returns how many were skipped."""
+        kept = self._tuples(conn, self.Q["items_pending_history"], {"run_id": run_id})
+        cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
+        if kept:
+            self._many(conn, self.Q["events_add"], common.cancel_events(run_id, kept, actor))
+        if cancelled:
+            tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
+            conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0,
+                                                   "failed": 0, "skipped": len(cancelled)})
+        return len(cancelled)
+
+    def _skip_if_cancelled(self, conn: C, run_id: int, actor: str, tally: common.Tally,
+                           units: dict[str, int] | None = None) -> None:
+        """Add ``units`` to the run's counters; if the run was cancelled meanwhile, skip what
+        is pending in it: a retry, a hand-off, a release or a reclaim must not leave a
+        pending item behind in a cancelled run (nothing would ever claim it)."""
+        add = units or {"processed": 0, "failed": 0, "skipped": 0}
+        row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **add}).fetchone()
+        if row is not None and row["cancelled_at"] is not None:
+            self._cancel_pending(conn, run_id, actor, tally)
 
     def run_reconcile(
         self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
@@ -198,6 +224,7 @@ class LedgerStore(Dialect[C]):
             rows = self._tuples(conn, self.Q["items_claim"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
                 "after_id": params.after_id, "limit": params.limit,
+                "closing": params.closing,
                 **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if params.record_event and claimed:
@@ -224,8 +251,10 @@ class LedgerStore(Dialect[C]):
         with self._tx() as conn:
             rows = self._tuples(conn, self.Q["items_release"], {
                 "ids": self._list(params.ids), "token": params.lease_token})
-            self._count(conn, params.run_id, common.Tally.moves(
-                (r[0] for r in rows), "claimed", "pending"))
+            tally = common.Tally.moves((r[0] for r in rows), "claimed", "pending")
+            if rows:
+                self._skip_if_cancelled(conn, params.run_id, params.actor, tally)
+            self._count(conn, params.run_id, tally)
             return len(rows)
 
     def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
@@ -239,7 +268,10 @@ class LedgerStore(Dialect[C]):
                 self._many(conn, self.Q["events_add"], [
                     common.event_params(e) for e in common.reclaim_events(items, params)])
                 tallies = common.reclaim_tallies(items)
+                back = {i.run_id for i in items if i.state == "pending"}
                 for run_id in sorted(tallies):
+                    if run_id in back:
+                        self._skip_if_cancelled(conn, run_id, params.actor, tallies[run_id])
                     self._count(conn, run_id, tallies[run_id])
                 common.failpoint("reclaim.before_commit")
         if items:
@@ -258,7 +290,7 @@ class LedgerStore(Dialect[C]):
             else:
                 plan, tally, applied = self._finish_groups(conn, params, groups)
             started = self._mark_started(conn, params.start, params.start_token)
-            self._write_plan(conn, params.run_id, plan, tally)
+            self._write_plan(conn, params.run_id, plan, tally, params.actor)
             common.failpoint("complete.before_commit")
             if plan.handoffs:
                 common.failpoint("handoff.before_commit")
@@ -308,11 +340,12 @@ class LedgerStore(Dialect[C]):
             applied = {int(r[0]) for r in found}
             plan = common.plan_after_settle(params, applied)
             self._write_plan(conn, params.run_id, plan,
-                             common.Tally.of_moves(found, plan.moved, params.from_state))
+                             common.Tally.of_moves(found, plan.moved, params.from_state),
+                             params.actor)
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
     def _write_plan(self, conn: C, run_id: int, plan: common.FinishPlan,
-                    tally: common.Tally) -> None:
+                    tally: common.Tally, actor: str) -> None:
         """What a finish or a settle writes besides the items: hand-offs, counters, history.
         ``tally`` holds the count moves of the guarded update itself. The stage counts go
         last: they are the rows every transaction of the run touches."""
@@ -320,14 +353,7 @@ class LedgerStore(Dialect[C]):
             for (stage,) in self._tuples(conn, self.Q["items_handoff"],
                                          self._handoff_rows(plan.handoffs)):
                 tally.add(stage, "pending")
-        row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
-        if row is not None and row["cancelled_at"] is not None:
-            # the run was cancelled while this chunk ran: a retry or a hand-off must not
-            # leave a pending item behind in it
-            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
-            if cancelled:
-                tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
-                self._add_skipped(conn, run_id, len(cancelled))
+        self._skip_if_cancelled(conn, run_id, actor, tally, plan.units)
         if plan.events:
             self._many(conn, self.Q["events_add"], [common.event_params(e) for e in plan.events])
         self._count(conn, run_id, tally)
@@ -345,13 +371,15 @@ class LedgerStore(Dialect[C]):
                                  {"run_id": run_id, "stage": stage, "lo": lo, "hi": hi})
         return {int(r[0]): r[1] for r in rows}
 
-    def items_attention(self, states: Sequence[str], limit: int = 1000) -> list[ItemRow]:
-        rows = self._read(self.Q["items_attention"],
-                          {"states": self._list(states), "limit": limit})
+    def items_attention(self, states: Sequence[str], limit: int = 1000,
+                        after_id: int = 0) -> list[ItemRow]:
+        rows = self._read(self.Q["items_attention"], {"states": self._list(states),
+                                                      "limit": limit, "after_id": after_id})
         return [self._item(r) for r in rows]
 
-    def leases_expired(self, limit: int = 1000) -> list[ItemRow]:
-        return [self._item(r) for r in self._read(self.Q["leases_expired"], {"limit": limit})]
+    def leases_expired(self, limit: int = 1000, after_id: int = 0) -> list[ItemRow]:
+        rows = self._read(self.Q["leases_expired"], {"limit": limit, "after_id": after_id})
+        return [self._item(r) for r in rows]
 
     # -- events ------------------------------------------------------------------------------
 
@@ -361,6 +389,8 @@ class LedgerStore(Dialect[C]):
         with self._tx() as conn:
             self._many(conn, self.Q["events_add"], [common.event_params(e) for e in events])
 
-    def events_list(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
-        rows = self._read(self.Q["events_list"], {"run_id": run_id, "item_id": item_id})
+    def events_list(self, run_id: int, item_id: int | None = None,
+                    kind: str | None = None) -> list[EventRow]:
+        rows = self._read(self.Q["events_list"], {"run_id": run_id, "item_id": item_id,
+                                                  "kind": kind})
         return [self._event(r) for r in rows]

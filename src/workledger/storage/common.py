@@ -297,6 +297,16 @@ def claim_events(items: Iterable[ClaimedItem], actor: str) -> list[dict[str, Any
                                   lease_token=i.lease_token, actor=actor)) for i in items]
 
 
+def cancel_events(run_id: int, kept: Iterable[Any], actor: str) -> list[dict[str, Any]]:
+    """``skipped`` events keeping the reason and attempts of items a cancel overwrote:
+    ``items_pending_history`` rows ``(id, stage, error, attempts)``."""
+    return [event_params(NewEvent(
+        run_id=run_id, item_id=int(r[0]), kind="skipped", actor=actor,
+        detail=json.dumps({"reason": "cancelled", "previous_error": r[2],
+                           "previous_attempts": int(r[3])})))
+        for r in kept]
+
+
 def reclaim_events(items: Iterable[ItemRow], params: ReclaimParams) -> list[NewEvent]:
     return [
         NewEvent(run_id=i.run_id, item_id=i.id,

@@ -80,13 +80,16 @@ FROM unnest(%(stages)s::text[], %(states)s::text[], %(ns)s::bigint[]) AS c (stag
 ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
 
 -- name: run_waits
--- Expired leases and retries not yet due, for status: both walk a small partial index.
+-- Expired leases, retries not yet due and unknown items awaiting their verify hook, for status:
+-- each walks a small partial index.
 SELECT
     (SELECT count(*) FROM wl_items
      WHERE state = 'claimed' AND lease_until < now() AND run_id = %(run_id)s) AS expired,
     (SELECT count(*) FROM wl_items
      WHERE run_id = %(run_id)s AND state = 'pending' AND not_before IS NOT NULL
-       AND not_before > now()) AS waiting;
+       AND not_before > now()) AS waiting,
+    (SELECT count(*) FROM wl_items
+     WHERE state = 'unknown' AND run_id = %(run_id)s AND error = %(verify)s) AS verifying;
 
 -- name: run_add_units
 UPDATE wl_runs SET
@@ -120,6 +123,8 @@ picked AS (
     SELECT i.id FROM wl_items AS i
     WHERE i.run_id = %(run_id)s AND i.state = 'pending' AND i.id > %(after_id)s
       AND (i.not_before IS NULL OR i.not_before <= now())
+      -- the closing entry is the sweeper's to claim (closing = true), never a worker's
+      AND (i.stage = '@close') = %(closing)s::boolean
       AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
                   AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
                   AND r.cancelled_at IS NULL)
@@ -260,6 +265,7 @@ VALUES (%(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s, %(detail)
 -- name: events_list
 SELECT * FROM wl_events
 WHERE run_id = %(run_id)s AND (%(item_id)s::bigint IS NULL OR item_id = %(item_id)s::bigint)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id;
 
 -- name: items_settle
@@ -287,19 +293,26 @@ WHERE run_id = %(run_id)s AND stage = %(stage)s AND seq >= %(lo)s AND seq < %(hi
 -- name: items_attention
 SELECT * FROM wl_items
 WHERE state IN ('failed', 'unknown') AND state = ANY (%(states)s::text[])
+  AND id > %(after_id)s
 ORDER BY id LIMIT %(limit)s;
 
 -- name: leases_expired
 SELECT * FROM wl_items
-WHERE state = 'claimed' AND lease_until < now()
-ORDER BY lease_until LIMIT %(limit)s;
+WHERE state = 'claimed' AND lease_until < now() AND id > %(after_id)s
+ORDER BY id LIMIT %(limit)s;
 
 -- name: runs_undecomposed
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
+-- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
+-- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT * FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= now() - make_interval(secs => %(grace)s::float8)
+  AND (%(backoff)s::float8 <= 0 OR r.error IS NULL OR COALESCE((
+      SELECT max(e.at) <= now() - make_interval(secs => LEAST(
+                 %(backoff)s::float8 * power(2, GREATEST(LEAST(count(*) - 1, 16), 0)), 3600))
+      FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), true))
 ORDER BY id;
 
 -- name: runs_to_close
@@ -322,6 +335,14 @@ RETURNING id;
 UPDATE wl_runs SET cancelled_at = now()
 WHERE id = %(run_id)s AND cancelled_at IS NULL
 RETURNING id;
+
+-- name: items_pending_history
+-- Before a cancel skips a run's pending items: those with a reason or attempts, whose previous
+-- values the cancel's events keep (locked, so what the events say is what the cancel overwrote).
+SELECT id, stage, error, attempts FROM wl_items
+WHERE run_id = %(run_id)s AND state = 'pending' AND (error IS NOT NULL OR attempts > 0)
+ORDER BY id
+FOR UPDATE;
 
 -- name: items_cancel_pending
 -- moves: pending -> skipped

@@ -75,13 +75,17 @@ INSERT INTO wl_stage_counts (run_id, stage, state, n) VALUES (?, ?, ?, ?)
 ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
 
 -- name: run_waits
--- Expired leases and retries not yet due, for status: both walk a small partial index.
+-- Expired leases, retries not yet due and unknown items awaiting their verify hook, for status:
+-- each walks a small partial index.
 SELECT
     (SELECT count(*) FROM wl_items INDEXED BY wl_items_leased
      WHERE state = 'claimed' AND lease_until < now.t AND run_id = :run_id),
     (SELECT count(*) FROM wl_items INDEXED BY wl_items_waiting
      WHERE run_id = :run_id AND state = 'pending' AND not_before IS NOT NULL
-       AND not_before > now.t)
+       AND not_before > now.t),
+    (SELECT count(*) FROM wl_items INDEXED BY wl_items_attention
+     WHERE state IN ('failed', 'unknown') AND state = 'unknown' AND run_id = :run_id
+       AND error = :verify)
 FROM (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now;
 
 -- name: run_add_units
@@ -121,6 +125,8 @@ WHERE id IN (
     SELECT id FROM wl_items INDEXED BY wl_items_claimable
     WHERE run_id = :run_id AND state = 'pending' AND id > :after_id
       AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      -- the closing entry is the sweeper's to claim (closing = 1), never a worker's
+      AND (stage = '@close') = :closing
     ORDER BY id LIMIT :limit)
   AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
@@ -235,6 +241,7 @@ VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
 -- name: events_list
 SELECT * FROM wl_events
 WHERE run_id = :run_id AND (:item_id IS NULL OR item_id = :item_id)
+  AND (:kind IS NULL OR kind = :kind)
 ORDER BY id;
 
 -- name: items_settle
@@ -262,19 +269,27 @@ WHERE run_id = :run_id AND stage = :stage AND seq >= :lo AND seq < :hi;
 -- name: items_attention
 SELECT * FROM wl_items INDEXED BY wl_items_attention
 WHERE state IN ('failed', 'unknown') AND state IN (SELECT value FROM json_each(:states))
+  AND id > :after_id
 ORDER BY id LIMIT :limit;
 
 -- name: leases_expired
 SELECT * FROM wl_items INDEXED BY wl_items_leased
 WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
-ORDER BY lease_until LIMIT :limit;
+  AND id > :after_id
+ORDER BY id LIMIT :limit;
 
 -- name: runs_undecomposed
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
+-- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
+-- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT * FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
+  AND (:backoff <= 0 OR r.error IS NULL OR COALESCE((
+      SELECT max(e.at) <= strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || min(
+                 :backoff * (1 << max(min(count(*) - 1, 16), 0)), 3600.0) || ' seconds')
+      FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), 1))
 ORDER BY id;
 
 -- name: runs_to_close
@@ -297,6 +312,13 @@ RETURNING id;
 UPDATE wl_runs SET cancelled_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id = :run_id AND cancelled_at IS NULL
 RETURNING id;
+
+-- name: items_pending_history
+-- Before a cancel skips a run's pending items: those with a reason or attempts, whose previous
+-- values the cancel's events keep.
+SELECT id, stage, error, attempts FROM wl_items
+WHERE run_id = :run_id AND state = 'pending' AND (error IS NOT NULL OR attempts > 0)
+ORDER BY id;
 
 -- name: items_cancel_pending
 -- moves: pending -> skipped
