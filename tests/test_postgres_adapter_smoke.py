@@ -168,6 +168,8 @@ def test_retry_handoff_release_and_reclaim(pg: PostgresStore) -> None:
 
     expiring = pg.items_claim(ClaimParams(run_id=run_id, limit=1, lease_seconds=0))
     assert [e.id for e in expiring] == [c.id]
+    # its handler started (migration 0004): an item never started would go back to pending
+    assert pg.items_mark_started(LeaseParams(run_id, [c.id], expiring[0].lease_token)) == [c.id]
     reclaimed = pg.leases_reclaim_expired(ReclaimParams(
         job="payslips", stage="generate", to_state="unknown", reason="lease expired"))
     assert [(i.id, i.state, i.error) for i in reclaimed] == [(c.id, "unknown", "lease expired")]
