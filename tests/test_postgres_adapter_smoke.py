@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -94,7 +95,7 @@ def test_submit_twice_returns_the_first_run(pg: PostgresStore) -> None:
     again, created_again = pg.run_submit(new)
     assert created and not created_again
     assert again.id == first.id and again.payload == {"month": "2024-05"}
-    assert pg.run_get(first.id) == first
+    assert pg.run_get(first.id) == replace(first, payload=None)  # readers skip the payload
     assert first.id in [r.id for r in pg.runs_list()]
     assert pg.run_get(10**12) is None
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from workledger.api import Ledger, RunStatus
+from workledger.api import Ledger, RunStatus, visible
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 
@@ -38,8 +38,9 @@ def stage_done(st: RunStatus, stages: list[str], i: int) -> int:
 def watch_run(ledger: Ledger, run_id: int, console: Console,
               stop: Callable[[], bool] | None = None, interval: float = 0.25) -> RunStatus:
     """Live progress bars, one per stage, until the run is complete (or ``stop()`` says so)."""
-    columns = (TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"))
+    # stage names come from the ledger: shown with visible escapes, never read as markup
+    columns = (TextColumn("{task.description:<12}", markup=False), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[detail]}", markup=False))
     tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=console) as progress:
         while True:
@@ -47,7 +48,7 @@ def watch_run(ledger: Ledger, run_id: int, console: Console,
             stages = stage_order(ledger, st)
             for i, stage in enumerate(stages):
                 if stage not in tasks:
-                    tasks[stage] = progress.add_task(stage, total=st.total, detail="")
+                    tasks[stage] = progress.add_task(visible(stage), total=st.total, detail="")
                 progress.update(tasks[stage], total=st.total, completed=stage_done(st, stages, i),
                                 detail=f"{st.state} · {counts_line(st.counts.get(stage, {}))}")
             if st.complete or (stop is not None and stop()):
