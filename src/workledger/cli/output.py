@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -75,16 +74,19 @@ def echo_json(value: Any) -> None:
 
 
 class JsonList:
-    """A JSON list printed element by element, the same text ``echo_json`` prints for the whole
-    list: memory stays flat however long the listing is."""
+    """A JSON list printed a page of elements at a time, the same text ``echo_json`` prints for
+    the whole list: memory stays flat however long the listing is."""
 
     def __init__(self) -> None:
         self.count = 0
 
-    def add(self, value: Any) -> None:
-        text = textwrap.indent(json.dumps(value, indent=2, default=str), "  ")
-        click.echo(("[\n" if self.count == 0 else ",\n") + text, nl=False)
-        self.count += 1
+    def add(self, values: list[Any]) -> None:
+        parts = []
+        for value in values:  # indented one level deeper, as inside the list
+            text = json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
+            parts.append(("[\n  " if self.count == 0 else ",\n  ") + text)
+            self.count += 1
+        click.echo("".join(parts), nl=False)
 
     def close(self) -> None:
         click.echo("\n]" if self.count else "[]")

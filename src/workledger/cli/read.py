@@ -79,8 +79,7 @@ def print_listing(pages: Iterator[list[Any]], as_json: bool, as_dict: Callable[[
     out = JsonList() if as_json else None
     for page in pages:
         if out is not None:
-            for entry in page:
-                out.add(as_dict(entry))
+            out.add([as_dict(entry) for entry in page])
         else:
             t = table(shown == 0)
             for entry in page:

@@ -173,7 +173,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
         diff = {k: {"stored": a, "ledger": b} for k, (a, b) in differences(result).items()}
         entry = {"run_id": rid, "differences": diff, "repaired": result.repaired}
         if out is not None:
-            out.add(entry)
+            out.add([entry])
         else:
             click.echo(_reconciled_line(entry))
         checked.append(rid)

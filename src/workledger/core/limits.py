@@ -34,7 +34,10 @@ DEPTH = 64
 # grow with the limit; the cap bounds the time and the output of one command. Page with
 # --after / --before for more.
 LIST_MAX = 100_000
-PAGE = 1000  # rows read per statement while a listing streams
+# Rows read per statement while a listing streams. A page of a run's items costs a walk of the
+# run's rows (SQLite, without statistics, reads them by run and sorts by id), so the largest
+# listing takes at most ten statements; a page of rows is a few MB in memory.
+PAGE = 10_000
 
 # Ids, seqs and the like: both databases store 64-bit signed integers.
 ID_MAX = 2**63 - 1
