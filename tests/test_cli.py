@@ -181,10 +181,12 @@ BAD_INPUT = {
                              1, "cannot connect to PostgreSQL"),
     "app does not import": (["submit", "numbers"], {"app": "no_such_module:ledger"}, 1,
                             "cannot load app 'no_such_module:ledger'"),
-    "app raises on import": (["runs"], {"app": "broken_app:ledger"}, 1, "configuration is missing"),
-    "app attribute missing": (["runs"], {"app": "sample_app:nope"}, 1, "cannot load app"),
-    "app is not a ledger": (["runs"], {"app": "sample_app:numbers"}, 1, "not a Ledger"),
-    "app spec malformed": (["runs"], {"app": "sample_app"}, 2, "module:attribute"),
+    "app raises on import": (["submit", "numbers"], {"app": "broken_app:ledger"}, 1,
+                             "configuration is missing"),
+    "app attribute missing": (["submit", "numbers"], {"app": "sample_app:nope"}, 1,
+                              "cannot load app"),
+    "app is not a ledger": (["worker"], {"app": "sample_app:numbers"}, 1, "not a Ledger"),
+    "app spec malformed": (["sweep"], {"app": "sample_app"}, 2, "module:attribute"),
     "unknown command": (["frobnicate"], {}, 2, "No such command"),
     "bad option value": (["worker", "--concurrency", "0"], {}, 2, "--concurrency"),
     "unknown job for worker": (["worker", "--job", "nope", "--until-idle"], {}, 2, "unknown job"),
@@ -196,6 +198,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(
     case: str, wl: Run, ledger: Ledger, tmp_path: Path
 ) -> None:
     args, where, code, text = BAD_INPUT[case]
+    assert wl("init", app=None).returncode == 0  # a ledger to refuse into (or not to touch)
     line = one_error_line(wl(*args, **where), code)
     assert text in line
     assert ledger.runs() == []
@@ -209,7 +212,7 @@ def test_same_key_with_another_payload_is_refused_and_the_first_run_untouched(
     line = one_error_line(wl("submit", "numbers", "--payload", '{"n": 4}', "--key", "k"), 2)
     assert "'k'" in line and "different payload" in line
     [run] = ledger.store.runs_list()
-    assert run.id == first["run_id"] and run.payload == {"n": 3}
+    assert run.id == first["run_id"] and ledger.store.run_payload(run.id) == {"n": 3}
     assert ledger.status(run.id).counts == {"double": {"pending": 3}}
 
 
@@ -232,9 +235,10 @@ def test_decomposer_raising_part_way_leaves_the_run_accepted_with_nothing_dispat
 
 
 def test_an_unexpected_error_is_one_line_unless_debugging(wl: Run) -> None:
-    line = one_error_line(wl("runs", app="sample_app:exploding"), 1)
+    wl("init", app=None)
+    line = one_error_line(wl("audit", app="sample_app:exploding"), 1)
     assert "unexpected RuntimeError: a bug in the app" in line
-    debug = wl("runs", app="sample_app:exploding", env=cli_env(WORKLEDGER_DEBUG="1"))
+    debug = wl("audit", app="sample_app:exploding", env=cli_env(WORKLEDGER_DEBUG="1"))
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 

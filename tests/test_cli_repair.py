@@ -11,7 +11,7 @@ import pytest
 from test_cli import Run, ok_json, one_error_line, wl  # noqa: F401 - wl is a fixture
 
 from workledger import Ledger
-from workledger.storage.port import ClaimParams
+from workledger.storage.port import ClaimParams, LeaseParams
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,11 @@ def test_expired_send_becomes_unknown_and_a_person_resolves_it(
 ) -> None:
     sub = ok_json(wl("submit", "sends", "--payload", '{"n": 2}', "--key", "s", "--json"))
     led = Ledger(db_url)
-    assert len(led.store.items_claim(ClaimParams(sub["run_id"], 10, 0.2))) == 2
+    claimed = led.store.items_claim(ClaimParams(sub["run_id"], 10, 0.2))
+    assert len(claimed) == 2
+    # their handlers started (migration 0004): items never started would go back to pending
+    led.store.items_mark_started(LeaseParams(sub["run_id"], [c.id for c in claimed],
+                                             claimed[0].lease_token))
     deadline = time.monotonic() + 10
     while led.store.outlook([sub["run_id"]]).expired < 2:
         assert time.monotonic() < deadline

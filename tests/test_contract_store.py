@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -218,7 +219,17 @@ def test_submit_creates_a_run_with_its_payload_retained(store: Store) -> None:
     assert run.created_at
     assert (run.decomposed_at, run.completed_at, run.paused_at, run.cancelled_at) == (None,) * 4
     assert (run.total, run.processed, run.failed, run.skipped, run.error) == (0, 0, 0, 0, None)
-    assert store.run_get(run.id) == run
+    # readers get the run without its payload (it can be large and none shows it)
+    assert store.run_get(run.id) == replace(run, payload=None)
+    assert store.runs_list() == [replace(run, payload=None)]
+    assert store.run_payload(run.id) == {"events": [1, 2]}
+
+
+def test_runs_list_pages_back_by_id_and_counts_what_is_left(store: Store) -> None:
+    ids = [store.run_submit(NewRun(JOB, f"k{i}", "{}"))[0].id for i in range(5)]
+    assert [r.id for r in store.runs_list(2)] == ids[:-3:-1]
+    assert [r.id for r in store.runs_list(2, before=ids[3])] == [ids[2], ids[1]]
+    assert store.runs_count() == 5 and store.runs_count(before=ids[1]) == 1
 
 
 def test_submit_with_an_existing_key_returns_the_existing_run_unchanged(store: Store) -> None:
@@ -915,6 +926,18 @@ def test_items_list_filters_by_stage_and_state_and_pages_by_id(store: Store) -> 
     page3 = rows(store, run.id, limit=2, after_id=page2[-1].id)
     assert page1 + page2 + page3 == everything
     assert len(rows(store, other.id)) == 2
+
+
+def test_items_count_counts_what_items_list_would_find_after_an_id(store: Store) -> None:
+    run = decomposed(store, 4)
+    decomposed(store, 2, key="other")
+    (a,) = claim(store, run.id, limit=1)
+    finish(store, run.id, done(a, "failed", error="x"))
+    first = rows(store, run.id)[0]
+    assert store.items_count(ItemsQuery(run.id)) == 4
+    assert store.items_count(ItemsQuery(run.id, after_id=first.id)) == 3
+    assert store.items_count(ItemsQuery(run.id, S1, "pending")) == 3
+    assert store.items_count(ItemsQuery(run.id, state="failed", after_id=a.id)) == 0
 
 
 def test_items_list_shows_results_and_reasons(store: Store) -> None:

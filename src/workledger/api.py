@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from workledger.core import limits
 from workledger.core.status import CLOSE_STAGE
+from workledger.core.text import mask_secrets, url_secrets, visible
 from workledger.errors import (
     BadInput,
     DecompositionFailed,
@@ -22,7 +24,7 @@ from workledger.errors import (
     UnknownRun,
     UsageError,
 )
-from workledger.runtime import operations
+from workledger.runtime import inputs, operations
 from workledger.runtime.audit import AuditFilter, Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
@@ -44,11 +46,11 @@ from workledger.storage.port import (
     Store,
 )
 
-# What the CLI and the HTTP layer use besides the Ledger: they reach the runtime and the
-# storage only through this module.
+# What the CLI and the HTTP layer use besides the Ledger: they reach the runtime, the storage
+# and the core only through this module (the input limits, masking and showing text).
 __all__ = ["CLOSE_STAGE", "DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus",
-           "Submission", "SweepReport", "WorkReport", "Worker", "differences", "masked_url",
-           "since_time"]
+           "Submission", "SweepReport", "WorkReport", "Worker", "differences", "limits",
+           "mask_secrets", "masked_url", "since_time", "url_secrets", "visible"]
 
 
 class Ledger:
@@ -59,8 +61,11 @@ class Ledger:
     The database is opened (and migrated) on first use.
     """
 
-    def __init__(self, url: str | None = None, *, seed: int | None = None) -> None:
+    def __init__(self, url: str | None = None, *, seed: int | None = None,
+                 create: bool = True) -> None:
         self.url = url or os.environ.get("WORKLEDGER_DB") or DEFAULT_URL
+        # False: a database that holds no ledger is refused (NoLedger), not created
+        self.create = create
         self.jobs: dict[str, Job] = {}
         self.rng = random.Random(seed)
         self._store: Store | None = None
@@ -72,7 +77,7 @@ class Ledger:
     def store(self) -> Store:
         with self._lock:
             if self._store is None:
-                store = open_store(self.url)
+                store = open_store(self.url, create=self.create)
                 try:
                     store.migrate()
                 except BaseException:
@@ -141,6 +146,7 @@ class Ledger:
         """
         job = self.job_named(job_name)
         job.check_ready()
+        inputs.check_key(key)
         text = canonical_json(payload)
         run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text,
                                                      float(job.tolerate)))
@@ -214,12 +220,15 @@ class Ledger:
         """Redrive failed items (all, one stage's, or some seqs); returns how many moved.
         Refused (``Refused``, nothing changed) in a cancelled run; an unknown stage or seq is a
         ``UsageError``."""
+        inputs.check_name("stage name", stage)
         run = self._run(run_id)
         return operations.retry(self.store, run, self.jobs.get(run.job), stage=stage,
                                 seqs=seqs, actor=actor, note=note)
 
     def resolve(self, run_id: int, stage: str, seq: int, as_state: str, *,
                 note: str | None = None, actor: str = "operator") -> bool:
+        inputs.check_name("stage name", stage)
+        inputs.check_id("item", seq)
         run = self._run(run_id)
         job = self.jobs.get(run.job)
         if job is None and as_state == "processed":
@@ -232,6 +241,7 @@ class Ledger:
             actor: str = "operator") -> int:
         """Acknowledge the run's failed items (or one stage's, or one item): ``audit`` lists
         them as reviewed and stops alerting on them. Returns how many it covers."""
+        inputs.check_name("stage name", stage)
         run = self._run(run_id)
         return operations.ack(self.store, run, self.jobs.get(run.job), stage=stage, seq=seq,
                               note=note, actor=actor)
@@ -254,6 +264,8 @@ class Ledger:
                                  note=note)
 
     def history(self, run_id: int, stage: str, seq: int) -> operations.History:
+        inputs.check_name("stage name", stage)
+        inputs.check_id("item", seq)
         self._run(run_id)
         return operations.history(self.store, run_id, stage, seq)
 
@@ -275,6 +287,7 @@ class Ledger:
     # -- reading ---------------------------------------------------------------------------
 
     def _run(self, run_id: int) -> RunRow:
+        inputs.check_id("run", run_id)
         run = self.store.run_get(run_id)
         if run is None:
             raise UnknownRun(f"no run {run_id} in {self.where}")
@@ -283,15 +296,43 @@ class Ledger:
     def status(self, run_id: int) -> RunStatus:
         return self._status_of(self._run(run_id))
 
-    def runs(self, limit: int = 100) -> list[RunStatus]:
-        return [self._status_of(r) for r in self.store.runs_list(limit)]
+    def runs(self, limit: int = 100, *, before: int | None = None) -> list[RunStatus]:
+        """The most recent runs (below id ``before``, to page back), newest first."""
+        return [self._status_of(r) for r in self._runs_list(limit, before)]
+
+    def run_ids(self, limit: int = 100, *, before: int | None = None) -> list[int]:
+        """The ids :meth:`runs` would list, without deriving each run's status."""
+        return [r.id for r in self._runs_list(limit, before)]
+
+    def count_runs(self, *, before: int | None = None) -> int:
+        """How many runs there are (below id ``before``): what a listing cut short says."""
+        inputs.check_id("run", before)
+        return self.store.runs_count(before)
+
+    def _runs_list(self, limit: int, before: int | None) -> list[RunRow]:
+        inputs.check_limit(limit)
+        inputs.check_id("run", before)
+        return self.store.runs_list(limit, before)
 
     def items(
         self, run_id: int, *, stage: str | None = None, state: str | None = None,
         limit: int = 1000, after_id: int = 0,
     ) -> list[ItemRow]:
+        """The run's items in id order, after item ``after_id`` (to page on)."""
+        inputs.check_limit(limit)
+        return self.store.items_list(self._items_query(run_id, stage, state, limit, after_id))
+
+    def count_items(self, run_id: int, *, stage: str | None = None, state: str | None = None,
+                    after_id: int = 0) -> int:
+        """How many items :meth:`items` would list without a limit: what a cut listing says."""
+        return self.store.items_count(self._items_query(run_id, stage, state, 1, after_id))
+
+    def _items_query(self, run_id: int, stage: str | None, state: str | None, limit: int,
+                     after_id: int) -> ItemsQuery:
+        inputs.check_name("stage name", stage)
+        inputs.check_id("item", after_id)
         self._run(run_id)
-        return self.store.items_list(ItemsQuery(run_id, stage, state, limit, after_id))
+        return ItemsQuery(run_id, stage, state, limit, after_id)
 
     def events(self, run_id: int, item_id: int | None = None) -> list[EventRow]:
         return self.store.events_list(run_id, item_id)

@@ -29,6 +29,10 @@ class UnknownJob(UsageError):
     """No job of that name is defined in the app."""
 
 
+class NoLedger(UsageError):
+    """The database named holds no ledger, and the command only reads: nothing is created."""
+
+
 class UnknownRun(UsageError):
     """No run with that id exists in the ledger."""
 

@@ -14,7 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from workledger.api import CLOSE_STAGE, Ledger, RunStatus
+from workledger.api import CLOSE_STAGE, Ledger, RunStatus, visible
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 
@@ -61,11 +61,12 @@ def _view(ledger: Ledger, st: RunStatus) -> Table:
     grid.add_column(no_wrap=True, justify="right")
     grid.add_column(overflow="fold")
     grid.add_row(f"run {st.run_id}", "", "",
-                 Text(f"{st.state} (next: {st.next}) · {st.total} units: {st.processed} "
+                 Text(f"{st.state} (next: {visible(st.next)}) · {st.total} units: {st.processed} "
                       f"processed, {st.failed} failed, {st.skipped} skipped, {left} to go"))
     stages = [s for s in stage_order(ledger, st) if s != CLOSE_STAGE]
     for i, stage in enumerate(stages):
         done = stage_done(st, stages, i)
-        grid.add_row(Text(stage), ProgressBar(total=max(st.total, 1), completed=done, width=24),
+        grid.add_row(Text(visible(stage)), ProgressBar(total=max(st.total, 1), completed=done,
+                                                       width=24),
                      f"{done}/{st.total}", Text(counts_line(st.counts.get(stage, {}))))
     return grid

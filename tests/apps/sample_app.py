@@ -53,9 +53,9 @@ def work(item: ItemView, ctx: Context) -> None:
 
 
 class ExplodingLedger(Ledger):
-    """A ledger whose listing has a bug: the CLI must still print one line, no traceback."""
+    """A ledger whose audit has a bug: the CLI must still print one line, no traceback."""
 
-    def runs(self, limit: int = 100) -> Any:
+    def audit(self, **where: Any) -> Any:
         raise RuntimeError("a bug in the app")
 
 

@@ -13,8 +13,9 @@ from collections.abc import Iterator, Sequence
 
 import click
 
+from workledger.api import mask_secrets, url_secrets
 from workledger.cli import demo, read, repair, work
-from workledger.cli.output import one_line
+from workledger.cli.output import one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import WorkledgerError
 
@@ -23,18 +24,26 @@ Exit codes:
   0  success
   1  operational failure: database unreachable, app failed to load or raised
   2  bad usage or bad input: unknown job or run, payload not a JSON object,
-     unknown URL scheme, same key with a different payload
+     unknown URL scheme, same key with a different payload, an input over
+     its limit, no ledger at --db (only init, submit and worker create one)
+
+\b
+--app is loaded only by the commands that run your code or need what a job
+declares: submit, worker, sweep and resolve --as processed (audit uses it
+when given). Every other command reads the ledger alone.
 """
 
 
 @click.group(epilog=EXIT_CODES)
 @click.option("--db", envvar="WORKLEDGER_DB", metavar="URL",
-              help="Ledger database: sqlite:///relative.db, sqlite:////abs.db or "
+              help="Ledger database: sqlite:///relative.db, sqlite:////abs.db (the path is "
+                   "percent-decoded; a leading ~ is your home folder) or "
                    "postgresql://user@host:5432/db. [env WORKLEDGER_DB; default "
                    "sqlite:///workledger.db]")
 @click.option("--app", envvar="WORKLEDGER_APP", metavar="MODULE:ATTR",
-              help="The Ledger object holding your job definitions, e.g. myjobs:ledger. "
-                   "[env WORKLEDGER_APP]")
+              help="The Ledger object holding your job definitions, e.g. myjobs:ledger (a "
+                   "module name: the current directory is searched after the installed "
+                   "packages). [env WORKLEDGER_APP]")
 @click.version_option(package_name="workledger")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, app: str | None) -> None:
@@ -78,16 +87,34 @@ def reference() -> str:
 # -- entry point ---------------------------------------------------------------------------------
 
 
+# The passwords the --db URL of this process holds, however a driver reads it: no error line
+# may show them, even in pieces (see fail).
+_secrets: list[str] = []
+
+
 def fail(message: str, code: int) -> int:
-    click.echo(f"error: {one_line(message)}", err=True)
+    """Print one line on stderr: never a password, never a raw control character."""
+    click.echo(f"error: {show(mask_secrets(one_line(message), _secrets))}", err=True)
     return code
+
+
+def _db_urls(args: Sequence[str]) -> list[str]:
+    """What --db (or WORKLEDGER_DB) says on this command line, read before click parses it."""
+    found = [os.environ.get("WORKLEDGER_DB", "")]
+    for i, arg in enumerate(args):
+        if arg == "--db" and i + 1 < len(args):
+            found.append(args[i + 1])
+        elif arg.startswith("--db="):
+            found.append(arg[len("--db="):])
+    return [url for url in found if url]
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code; every failure is one line on stderr."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    _secrets[:] = [s for url in _db_urls(args) for s in url_secrets(url)]
     try:
-        rv = cli.main(args=None if argv is None else list(argv), prog_name="workledger",
-                      standalone_mode=False)
+        rv = cli.main(args=args, prog_name="workledger", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except click.exceptions.UsageError as exc:
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""

@@ -7,6 +7,8 @@ from typing import Any
 import click
 from rich.console import Console
 
+from workledger.api import limits
+from workledger.cli.output import Seconds
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
 
@@ -35,8 +37,8 @@ def demo() -> None:
               help="How many events the remote response holds.")
 @click.option("--kill-after", type=click.IntRange(min=1), metavar="K",
               help="SIGKILL the first worker once K effects exist. [default: 40% of the events]")
-@click.option("--lease", type=click.FloatRange(min=0, min_open=True), default=2.0,
-              show_default=True, help="The workers' lease in seconds.")
+@click.option("--lease", type=Seconds(limits.LEASE_MAX), default=2.0, show_default=True,
+              help="The workers' lease in seconds.")
 @click.pass_obj
 def demo_events(settings: Settings, count: int, kill_after: int | None, lease: float) -> None:
     """The event fan-out: N events, a worker killed part-way, a second one finishing the rest.
@@ -57,10 +59,11 @@ def demo_events(settings: Settings, count: int, kill_after: int | None, lease: f
 @click.option("--employees", type=click.IntRange(min=1), default=2000, show_default=True,
               help="How many employees the pay period has (a few are invalid on purpose).")
 @click.option("--out", "out_dir", default="./payslips", show_default=True, metavar="DIR",
-              help="Where the PDFs, the employee store and the mail sink's record go.")
+              help="Where the PDFs, the employee store and the mail sink's record go: a new "
+                   "or empty folder, or one this demo wrote before.")
 @click.option("--crash-after", type=click.IntRange(min=1), metavar="K",
               help="SIGKILL the worker process after K deliveries, then finish with a fresh one.")
-@click.option("--mail-outage", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--mail-outage", type=Seconds(limits.LEASE_MAX), metavar="SECONDS",
               help="The built-in mail sink refuses with 451 for that long; deliveries back off.")
 @click.option("--smtp-host", metavar="HOST",
               help="Deliver to this SMTP server instead of the built-in sink (no verify hook: "

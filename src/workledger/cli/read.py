@@ -1,26 +1,45 @@
-"""Commands that read the ledger: status, runs, items."""
+"""Commands that read the ledger: status, runs, items. None loads --app or creates a ledger.
+
+Listings stream: rows are read a page at a time (``limits.PAGE``) and printed as they come, so
+memory stays flat up to ``--limit``'s cap; a human-readable listing that stops before the end
+says how many rows are left and how to see them.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from workledger.cli.output import ITEM_STATES, echo_json, print_status, status_dict
+from workledger.api import limits
+from workledger.cli.output import (
+    ID,
+    ITEM_STATES,
+    LIMIT,
+    JsonList,
+    console,
+    echo_json,
+    print_status,
+    show,
+    status_dict,
+)
 from workledger.cli.settings import Settings
 from workledger.progress import watch_run
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", is_flag=True, help="Show live progress bars until the run is complete.")
 @click.pass_obj
 def status(settings: Settings, run_id: int, as_json: bool, watch: bool) -> None:
-    """Show RUN's state, derived from its items: per-stage counts by state."""
+    """Show RUN's state, derived from its items: per-stage counts by state. Does not load
+    --app."""
     ledger = settings.ledger()
     st = ledger.status(run_id)
     if watch:
@@ -34,51 +53,98 @@ def status(settings: Settings, run_id: int, as_json: bool, watch: bool) -> None:
         print_status(ledger, st)
 
 
+def paged(fetch: Callable[[int, int | None], list[Any]], limit: int,
+          cursor: Callable[[Any], int]) -> Iterator[list[Any]]:
+    """Pages of at most ``limits.PAGE`` rows until ``limit`` rows or the end; ``fetch(n,
+    after)`` reads the next ``n`` rows after the cursor of the last row (None: the first)."""
+    after: int | None = None
+    left = limit
+    while left > 0:
+        n = min(left, limits.PAGE)
+        page = fetch(n, after)
+        if page:
+            yield page
+        if len(page) < n:
+            return
+        left -= n
+        after = cursor(page[-1])
+
+
+def print_listing(pages: Iterator[list[Any]], as_json: bool, as_dict: Callable[[Any], Any],
+                  table: Callable[[bool], Table], row: Callable[[Any], list[Any]]
+                  ) -> tuple[int, Any]:
+    """Print the pages (a JSON list, or one table per page); return how many rows and the
+    last one."""
+    shown, last = 0, None
+    out = JsonList() if as_json else None
+    for page in pages:
+        if out is not None:
+            out.add([as_dict(entry) for entry in page])
+        else:
+            t = table(shown == 0)
+            for entry in page:
+                t.add_row(*(show(cell) for cell in row(entry)))
+            console().print(t)
+        shown, last = shown + len(page), page[-1]
+    if out is not None:
+        out.close()
+    return shown, last
+
+
 @click.command()
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
-              help="How many runs at most.")
+@click.option("--limit", type=LIMIT, default=100, show_default=True,
+              help=f"How many runs at most (up to {limits.LIST_MAX:,}).")
+@click.option("--before", type=ID, metavar="ID", help="Only runs with an id below ID (to page "
+                                                      "back).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of run statuses.")
 @click.pass_obj
-def runs(settings: Settings, limit: int, as_json: bool) -> None:
-    """List recent runs with their derived states, newest first."""
-    found = settings.ledger().runs(limit)
-    if as_json:
-        echo_json([status_dict(st) for st in found])
-        return
-    table = Table("run", "job", "key", "state", "total", "processed", "failed", "skipped",
-                  "created")
-    for st in found:
-        table.add_row(str(st.run_id), st.job, st.key, st.state, str(st.total), str(st.processed),
-                      str(st.failed), str(st.skipped), st.created_at)
-    Console(markup=False).print(table)
+def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> None:
+    """List recent runs with their derived states, newest first. Does not load --app."""
+    ledger = settings.ledger()
+    shown, last = print_listing(
+        paged(lambda n, after: ledger.runs(n, before=before if after is None else after),
+              limit, lambda st: st.run_id),
+        as_json, status_dict,
+        lambda header: Table("run", "job", "key", "state", "total", "processed", "failed",
+                             "skipped", "created", show_header=header),
+        lambda st: [st.run_id, st.job, st.key, st.state, st.total, st.processed, st.failed,
+                    st.skipped, st.created_at])
+    if not as_json and shown == limit:
+        more = ledger.count_runs(before=last.run_id)
+        if more:
+            click.echo(f"... {more:,} more (use --before {last.run_id} / --limit)")
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--stage", help="Only items of this stage.")
 @click.option("--state", type=click.Choice(ITEM_STATES), help="Only items in this state.")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
-              help="How many items at most.")
-@click.option("--after", type=click.IntRange(min=0), default=0, metavar="ID",
+@click.option("--limit", type=LIMIT, default=100, show_default=True,
+              help=f"How many items at most (up to {limits.LIST_MAX:,}).")
+@click.option("--after", type=ID, default=0, metavar="ID",
               help="Only items with an id above ID (to page through).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of items.")
 @click.pass_obj
 def items(settings: Settings, run_id: int, stage: str | None, state: str | None, limit: int,
           after: int, as_json: bool) -> None:
-    """List RUN's items: seq, key, state, attempts, result and error (the reason)."""
-    rows = settings.ledger().items(run_id, stage=stage, state=state, limit=limit, after_id=after)
-    if as_json:
-        echo_json([asdict(r) for r in rows])
-        return
-    table = Table("id", "stage", "seq", "key", "state", "attempts", "result", "error")
-    for r in rows:
-        result = "" if r.result is None else json.dumps(r.result)
-        table.add_row(str(r.id), r.stage, str(r.seq), r.key or "", r.state, str(r.attempts),
-                      result, r.error or "")
-    Console(markup=False).print(table)
+    """List RUN's items: seq, key, state, attempts, result and error (the reason). Does not
+    load --app."""
+    ledger = settings.ledger()
 
+    def fetch(n: int, cursor: int | None) -> list[Any]:
+        return ledger.items(run_id, stage=stage, state=state, limit=n,
+                            after_id=after if cursor is None else cursor)
 
-# -- progress ----------------------------------------------------------------------------------
+    shown, last = print_listing(
+        paged(fetch, limit, lambda r: r.id), as_json, asdict,
+        lambda header: Table("id", "stage", "seq", "key", "state", "attempts", "result",
+                             "error", show_header=header),
+        lambda r: [r.id, r.stage, r.seq, r.key, r.state, r.attempts,
+                   "" if r.result is None else json.dumps(r.result), r.error])
+    if not as_json and shown == limit:
+        more = ledger.count_items(run_id, stage=stage, state=state, after_id=last.id)
+        if more:
+            click.echo(f"... {more:,} more (use --after {last.id} / --limit)")
 
 
 COMMANDS = (status, runs, items)

@@ -4,15 +4,15 @@ and the ``--note`` as its reason."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, differences, since_time
-from workledger.cli.output import echo_json, one_line
+from workledger.api import RESOLVE_TARGETS, Ledger, differences, limits, since_time, visible
+from workledger.cli.output import ID, JsonList, Seconds, console, echo_json, one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
 
@@ -20,23 +20,23 @@ NOTE = click.option("--note", metavar="TEXT", help="Why: recorded with the actio
 JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-def _needs_app(settings: Settings) -> None:
-    if not settings.ledger().jobs:
-        raise UsageError("this command needs the job definitions: pass --app module:attribute "
-                         "or set WORKLEDGER_APP")
-
-
 @click.command()
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--grace", type=Seconds(limits.GRACE_MAX, zero=True), default=30.0,
+              show_default=True,
               help="Seconds without decomposition progress before a run is re-decomposed.")
 @JSON
 @click.pass_obj
 def sweep(settings: Settings, grace: float, as_json: bool) -> None:
     """Run one sweeper pass: re-decompose stranded runs, settle expired leases by each stage's
     declaration (idempotent -> pending, verify -> ask, else unknown), ask verify hooks, and run
-    closing hooks. Workers also sweep periodically; two sweepers racing do no harm."""
-    _needs_app(settings)
-    report = settings.ledger().sweep(grace=grace)
+    closing hooks. Workers also sweep periodically; two sweepers racing do no harm. Needs --app
+    (it runs decomposers, verify and closing hooks); one run that fails does not stop the
+    pass for the others."""
+    ledger = settings.ledger(app=True)
+    if not ledger.jobs:
+        raise UsageError("this command needs the job definitions: pass --app module:attribute "
+                         "or set WORKLEDGER_APP")
+    report = ledger.sweep(grace=grace)
     if as_json:
         echo_json(asdict(report))
     else:
@@ -44,16 +44,17 @@ def sweep(settings: Settings, grace: float, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--stage", help="Only failed items of this stage.")
-@click.option("--item", "seqs", type=int, multiple=True, metavar="SEQ",
+@click.option("--item", "seqs", type=ID, multiple=True, metavar="SEQ",
               help="Only this item (its seq; repeatable).")
 @NOTE
 @click.pass_obj
 def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, ...],
           note: str | None) -> None:
     """Redrive RUN's failed items back to pending with fresh attempts (audited). Refused in a
-    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2."""
+    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2. Does not
+    load --app."""
     n = settings.ledger().retry(run_id, stage=stage, seqs=list(seqs) or None, note=note)
     if n == 0 and not seqs:
         click.echo(f"run {run_id}: no failed items{f' in stage {stage}' if stage else ''}; "
@@ -63,49 +64,53 @@ def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, .
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--stage", required=True, help="The item's stage.")
-@click.option("--item", "seq", required=True, type=int, metavar="SEQ", help="The item's seq.")
+@click.option("--item", "seq", required=True, type=ID, metavar="SEQ", help="The item's seq.")
 @click.option("--as", "as_state", required=True, type=click.Choice(RESOLVE_TARGETS),
               help="What really happened: processed, failed, or pending (run it again).")
 @NOTE
 @click.pass_obj
 def resolve(settings: Settings, run_id: int, stage: str, seq: int, as_state: str,
             note: str | None) -> None:
-    """Settle an item in state unknown after checking what really happened."""
-    if not settings.ledger().resolve(run_id, stage, seq, as_state, note=note):
+    """Settle an item in state unknown after checking what really happened. --as processed
+    needs --app (the item is handed on to the stage that follows); failed and pending do
+    not load it."""
+    ledger = settings.ledger(app=as_state == "processed")
+    if not ledger.resolve(run_id, stage, seq, as_state, note=note):
         raise UsageError(f"item {seq} of stage {stage!r} was settled by someone else meanwhile")
-    click.echo(f"run {run_id}: item {stage}/{seq} resolved as {as_state}")
+    click.echo(f"run {run_id}: item {show(stage)}/{seq} resolved as {as_state}")
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @NOTE
 @click.pass_obj
 def pause(settings: Settings, run_id: int, note: str | None) -> None:
     """Stop claiming RUN's items; items in flight finish. A finished (complete or cancelled)
-    run is refused (exit 2)."""
+    run is refused (exit 2). Does not load --app."""
     done = settings.ledger().pause(run_id, note=note)
     click.echo(f"run {run_id}: {'paused' if done else 'already paused; nothing changed'}")
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @NOTE
 @click.pass_obj
 def resume(settings: Settings, run_id: int, note: str | None) -> None:
-    """Let workers claim RUN's items again. A finished run is refused (exit 2)."""
+    """Let workers claim RUN's items again. A finished run is refused (exit 2). Does not load
+    --app."""
     done = settings.ledger().resume(run_id, note=note)
     click.echo(f"run {run_id}: {'resumed' if done else 'was not paused; nothing changed'}")
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @NOTE
 @click.pass_obj
 def cancel(settings: Settings, run_id: int, note: str | None) -> None:
     """Cancel RUN: its pending items become skipped (reason: cancelled). A finished run is
-    refused (exit 2): cancelling it would relabel its history."""
+    refused (exit 2): cancelling it would relabel its history. Does not load --app."""
     n = settings.ledger().cancel(run_id, note=note)
     if n < 0:
         click.echo(f"run {run_id}: already cancelled; nothing changed")
@@ -114,41 +119,42 @@ def cancel(settings: Settings, run_id: int, note: str | None) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--stage", help="Only failed items of this stage.")
-@click.option("--item", "seq", type=int, metavar="SEQ", help="Only this item (its seq).")
+@click.option("--item", "seq", type=ID, metavar="SEQ", help="Only this item (its seq).")
 @click.option("--note", required=True, metavar="TEXT",
               help="What was reviewed and decided: recorded with the acknowledgement.")
 @click.pass_obj
 def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, note: str) -> None:
     """Acknowledge RUN's failed items (or one stage's, or one item's) after reviewing them: an
     event, not a state change. audit then lists them as reviewed and no longer exits 1 for
-    them; an item that fails again later alerts again."""
+    them; an item that fails again later alerts again. Does not load --app."""
     n = settings.ledger().ack(run_id, stage=stage, seq=seq, note=note)
     click.echo(f"run {run_id}: acknowledged {n} failed item{'s' if n != 1 else ''}")
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=ID)
 @click.option("--stage", required=True, help="The item's stage.")
-@click.option("--item", "seq", required=True, type=int, metavar="SEQ", help="The item's seq.")
+@click.option("--item", "seq", required=True, type=ID, metavar="SEQ", help="The item's seq.")
 @JSON
 @click.pass_obj
 def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool) -> None:
-    """An item's story: its row (attempts, token, times, result, reason) and its events."""
+    """An item's story: its row (attempts, token, times, result, reason) and its events. Does
+    not load --app."""
     story = settings.ledger().history(run_id, stage, seq)
     if as_json:
         echo_json({"item": asdict(story.item), "events": [asdict(e) for e in story.events]})
         return
     i = story.item
-    click.echo(f"item {i.stage}/{i.seq} key {i.key} of run {i.run_id}: {i.state}, "
+    click.echo(f"item {show(i.stage)}/{i.seq} key {show(i.key)} of run {i.run_id}: {i.state}, "
                f"attempts {i.attempts}, lease token {i.lease_token}")
     click.echo(f"created {i.created_at} · updated {i.updated_at} · lease until "
                f"{i.lease_until or '-'} · not before {i.not_before or '-'}")
     if i.result is not None:
-        click.echo(f"result  {i.result}")
+        click.echo(f"result  {show(i.result)}")
     if i.error:
-        click.echo(f"reason  {one_line(i.error)}")
+        click.echo(f"reason  {show(one_line(i.error))}")
     table = Table("at", "event", "token", "actor", "detail")
     traces: list[tuple[str, str, str]] = []
     for e in story.events:
@@ -156,14 +162,19 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
         if isinstance(detail, dict) and isinstance(detail.get("traceback"), str):
             traces.append((e.at, e.kind, detail["traceback"]))
             detail = {k: v for k, v in detail.items() if k != "traceback"}
-        table.add_row(e.at, e.kind, str(e.lease_token or ""), e.actor or "", str(detail or ""))
-    Console(markup=False).print(table)
+        table.add_row(e.at, show(e.kind), str(e.lease_token or ""), show(e.actor),
+                      show(detail or ""))
+    console().print(table)
     for at, kind, trace in traces:
-        click.echo(f"\ntraceback of the {kind} event at {at}:\n{trace.rstrip()}")
+        click.echo(f"\ntraceback of the {show(kind)} event at {at}:\n"
+                   f"{visible(trace.rstrip(), newlines=True)}")
+
+
+RECONCILE_ALL = 10_000  # runs --all checks, the most recent first
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int, required=False)
+@click.argument("run_id", metavar="RUN", type=ID, required=False)
 @click.option("--all", "every", is_flag=True, help="Every run (most recent 10,000).")
 @click.option("--dry-run", is_flag=True, help="Show the differences, change nothing.")
 @JSON
@@ -172,31 +183,50 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
               as_json: bool) -> None:
     """Derive RUN's counters (total, processed, failed, skipped, completion) and its
     per-stage state counts (what status reads) from its items, print each difference from the
-    stored ones, and repair them unless --dry-run. Safe while workers run."""
+    stored ones, and repair them unless --dry-run. Safe while workers run. Does not load
+    --app."""
     if (run_id is None) == (not every):
         raise UsageError("give a RUN or --all (not both)")
     ledger = settings.ledger()
-    ids = [run_id] if run_id is not None else [s.run_id for s in ledger.runs(10_000)]
-    out: list[dict[str, Any]] = []
-    for rid in ids:
+    out = JsonList() if as_json else None
+    checked: list[int] = []
+    for rid in [run_id] if run_id is not None else _recent_runs(ledger):
         result = ledger.reconcile(rid, dry_run=dry_run)
         diff = {k: {"stored": a, "ledger": b} for k, (a, b) in differences(result).items()}
-        out.append({"run_id": rid, "differences": diff, "repaired": result.repaired})
-    if as_json:
-        echo_json(out)
-        return
-    for entry in out:
-        if not entry["differences"]:
-            click.echo(f"run {entry['run_id']}: counters agree with the ledger")
-            continue
-        verb = "repaired" if entry["repaired"] else "would repair (dry run)"
-        text = ", ".join(f"{k} {v['stored']} -> {v['ledger']}"
-                         for k, v in entry["differences"].items())
-        click.echo(f"run {entry['run_id']}: {verb}: {text}")
+        entry = {"run_id": rid, "differences": diff, "repaired": result.repaired}
+        if out is not None:
+            out.add([entry])
+        else:
+            click.echo(_reconciled_line(entry))
+        checked.append(rid)
+    if out is not None:
+        out.close()
+    elif every and len(checked) == RECONCILE_ALL and (more := ledger.count_runs(
+            before=checked[-1])):
+        click.echo(f"... {more:,} older runs not checked (reconcile RUN checks one)")
+
+
+def _recent_runs(ledger: Ledger) -> Iterator[int]:
+    """The ids of the most recent RECONCILE_ALL runs, read a page at a time."""
+    before: int | None = None
+    left = RECONCILE_ALL
+    while left > 0 and (ids := ledger.run_ids(min(left, limits.PAGE), before=before)):
+        yield from ids
+        left -= len(ids)
+        before = ids[-1]
+
+
+def _reconciled_line(entry: dict[str, Any]) -> str:
+    if not entry["differences"]:
+        return f"run {entry['run_id']}: counters agree with the ledger"
+    verb = "repaired" if entry["repaired"] else "would repair (dry run)"
+    text = ", ".join(f"{k} {v['stored']} -> {v['ledger']}"
+                     for k, v in entry["differences"].items())
+    return f"run {entry['run_id']}: {verb}: {show(text)}"
 
 
 @click.command()
-@click.option("--run", "run_id", type=int, metavar="RUN", help="Only this run's findings.")
+@click.option("--run", "run_id", type=ID, metavar="RUN", help="Only this run's findings.")
 @click.option("--job", metavar="NAME", help="Only findings in runs of this job.")
 @click.option("--since", metavar="AGE|TIME",
               help="Only findings since then: an age (30m, 24h, 7d) or an ISO date or time.")
@@ -207,9 +237,11 @@ def audit(settings: Settings, run_id: int | None, job: str | None, since: str | 
     """List every stranded run and item with the path that will move it, and since when.
     Exits 1 when something needs a person now. Failures a person reviewed (acknowledged with
     `ack`, or within the tolerance of a finished run) are listed apart and do not make it
-    exit 1, so a cron alert on it clears once each failure has been looked at."""
+    exit 1, so a cron alert on it clears once each failure has been looked at. Uses --app
+    when given, to name closing hooks not yet run and how each stage's expired leases will be
+    settled; works without it."""
     cutoff = since_time(since) if since is not None else None
-    findings = settings.ledger().audit(run_id=run_id, job=job, since=cutoff)
+    findings = settings.ledger(app=True).audit(run_id=run_id, job=job, since=cutoff)
     if as_json:
         echo_json([f.to_dict() for f in findings])
     elif not findings:
@@ -230,9 +262,9 @@ def _findings_table(title: str, findings: list[Any]) -> None:
                   "detail", title=title or None, title_justify="left")
     for f in findings:
         item = f"{f.stage}/{f.seq}" if f.stage is not None else ""
-        table.add_row(str(f.run_id), f.kind, item, f.since, f.reviewed or f.path,
-                      one_line(f.detail or ""))
-    Console(markup=False, width=160).print(table)
+        table.add_row(str(f.run_id), f.kind, show(item), f.since, show(f.reviewed or f.path),
+                      show(one_line(f.detail or "")))
+    console(width=160).print(table)
 
 
 COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, history, reconcile, audit)

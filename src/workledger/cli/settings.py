@@ -1,4 +1,11 @@
-"""What the top-level options say (``--db``, ``--app``) and how the app is loaded."""
+"""What the top-level options say (``--db``, ``--app``) and how the app is loaded.
+
+The one rule for ``--app``: a command loads it only when it must run your code or know what a
+job declares: ``submit``, ``worker``, ``sweep`` and ``resolve --as processed`` (and ``audit``,
+when given, to name what the sweeper will do). Every other command reads or writes the ledger
+alone and never imports it. Only ``init``, ``submit`` and ``worker`` create a ledger; every
+other command refuses a database that holds none (``NoLedger``), creating nothing.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workledger.api import DEFAULT_URL, Ledger
-from workledger.errors import AppError, BadInput
+from workledger.errors import AppError, BadInput, UsageError
 
 
 @dataclass
@@ -24,11 +31,14 @@ class Settings:
     def url(self) -> str:
         return self.db or DEFAULT_URL
 
-    def ledger(self) -> Ledger:
+    def ledger(self, *, app: bool = False, create: bool = False) -> Ledger:
+        """The ledger a command works on. ``app``: load ``--app`` (when given) for its job
+        definitions; ``create``: make the database and its schema if they do not exist."""
         if self._ledger is None:
-            ledger = load_app(self.app) if self.app else Ledger(self.url)
+            ledger = load_app(self.app) if app and self.app else Ledger(self.url)
             if self.db:
                 ledger.use(self.db)
+            ledger.create = create
             self._ledger = ledger
         return self._ledger
 
@@ -38,21 +48,28 @@ class Settings:
 
 
 def load_app(spec: str) -> Ledger:
-    """Import ``module:attribute`` and return the :class:`Ledger` it names."""
+    """Import ``module:attribute`` and return the :class:`Ledger` it names.
+
+    The current directory is searched after the standard library and the installed packages
+    (appended to ``sys.path``, not put first), so a ``sqlite3.py`` lying there is never
+    imported in place of the real one."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise BadInput(f"cannot load app {spec!r}: expected module:attribute")
+    if module_name.endswith(".py") or not all(p.isidentifier() for p in module_name.split(".")):
+        module = os.path.splitext(os.path.basename(module_name))[0] or "module"
+        raise BadInput(f"cannot load app {spec!r}: give a module name, e.g. {module}:{attr} "
+                       "(the current directory is on the import path)")
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: apps in the current folder import
+        sys.path.append(os.getcwd())  # apps in the current folder import, after the libraries
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
+    except UsageError as exc:  # a definition workledger refuses (a name over its limit)
+        raise UsageError(f"cannot load app {spec!r}: {exc}") from exc
     except Exception as exc:
         raise AppError(f"cannot load app {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, Ledger):
         raise AppError(f"cannot load app {spec!r}: it is a {type(obj).__name__}, not a Ledger")
     return obj
-
-
-# -- output helpers ---------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from workledger.api import RunStatus, Worker, WorkReport
-from workledger.cli.output import echo_json, one_line, status_dict
+from workledger.api import RunStatus, Worker, WorkReport, limits
+from workledger.cli.output import Seconds, echo_json, one_line, show, status_dict
 from workledger.cli.settings import Settings
 from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageError
 
@@ -24,18 +24,15 @@ from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageEr
 @click.command()
 @click.pass_obj
 def init(settings: Settings) -> None:
-    """Create or upgrade the ledger schema (safe to repeat)."""
-    ledger = settings.ledger()
+    """Create or upgrade the ledger schema (safe to repeat). Does not load --app."""
+    ledger = settings.ledger(create=True)
     applied = ledger.init()
-    where = ledger.where
+    where = show(ledger.where)
     if applied:
         click.echo(f"{where}: applied migration{'s' if len(applied) > 1 else ''} "
                    + ", ".join(str(v) for v in applied))
     else:
         click.echo(f"{where}: up to date")
-
-
-# -- submit ------------------------------------------------------------------------------------
 
 
 # -- submit ------------------------------------------------------------------------------------
@@ -55,6 +52,10 @@ def read_payload(payload: str | None, payload_file: str | None) -> dict[str, Any
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadInput(f"payload is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadInput(f"payload is nested deeper than {limits.DEPTH} levels") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise BadInput(f"payload cannot be read: {str(exc).split(';')[0]}") from exc
     if not isinstance(value, dict):
         raise BadInput(f"payload must be a JSON object, not a {type(value).__name__}")
     return value
@@ -64,9 +65,9 @@ def submission_line(created: bool, st: RunStatus) -> str:
     done = f"{st.processed} processed, {st.failed} failed, {st.skipped} skipped of {st.total}"
     error = f"; error: {one_line(st.error)}" if st.error else ""
     if created:
-        return (f"run {st.run_id} created (key {st.key}): {st.state}, {done}; next: {st.next}"
-                f"{error}")
-    return (f"run {st.run_id} already exists for key {st.key} (nothing new written): "
+        return (f"run {st.run_id} created (key {show(st.key)}): {st.state}, {done}; "
+                f"next: {st.next}{error}")
+    return (f"run {st.run_id} already exists for key {show(st.key)} (nothing new written): "
             f"{st.state}, {done}; next: {st.next}{error}")
 
 
@@ -80,13 +81,15 @@ def submission_line(created: bool, st: RunStatus) -> str:
 @click.pass_obj
 def submit(settings: Settings, job: str, payload: str | None, payload_file: str | None,
            key: str | None, as_json: bool) -> None:
-    """Record a run of JOB, write one item per unit, and print its real state.
+    """Record a run of JOB, write one item per unit, and print its real state. Needs --app
+    (it runs the job's decomposer); creates the ledger if there is none.
 
     Submitting again with the same key returns the existing run (created: false) with its
     real state; the same key with a different payload is refused and nothing is written.
+    Limits: the key 1,000 bytes, the payload 16 MiB of JSON nested at most 64 levels.
     """
     value = read_payload(payload, payload_file)
-    ledger = settings.ledger()
+    ledger = settings.ledger(app=True, create=True)
     if not ledger.jobs:
         raise UnknownJob(f"unknown job {job!r}: no app loaded "
                          "(pass --app module:attribute or set WORKLEDGER_APP)")
@@ -101,9 +104,6 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         echo_json({"run_id": sub.run_id, "created": sub.created, **status_dict(sub.status)})
     else:
         click.echo(submission_line(sub.created, sub.status))
-
-
-# -- worker ------------------------------------------------------------------------------------
 
 
 # -- worker ------------------------------------------------------------------------------------
@@ -142,10 +142,10 @@ def report_line(report: WorkReport, how: str) -> str:
 @click.command()
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Handler threads.")
-@click.option("--chunk", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Items claimed per claim.")
-@click.option("--lease", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, help="Lease in seconds, renewed while handlers run.")
+@click.option("--chunk", type=click.IntRange(1, limits.CHUNK_MAX), default=100,
+              show_default=True, help="Items claimed per claim.")
+@click.option("--lease", type=Seconds(limits.LEASE_MAX), default=30.0, show_default=True,
+              help="Lease in seconds (at most a day), renewed while handlers run.")
 @click.option("--until-idle", is_flag=True,
               help="Exit once nothing is claimable and nothing will be without a person.")
 @click.option("--job", "jobs", multiple=True, metavar="NAME",
@@ -154,18 +154,19 @@ def report_line(report: WorkReport, how: str) -> str:
 @click.pass_obj
 def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until_idle: bool,
            jobs: tuple[str, ...], as_json: bool) -> None:
-    """Claim items in chunks under leases, run their handlers, record outcomes.
+    """Claim items in chunks under leases, run their handlers, record outcomes. Needs --app
+    (it runs the handlers); creates the ledger if there is none, and waits for work.
 
     SIGTERM or SIGINT stops it cleanly: running handlers finish, unstarted items are released
     (a second signal exits at once). Prints a one-line summary at the end.
     """
-    ledger = settings.ledger()
+    ledger = settings.ledger(app=True, create=True)
     if not ledger.jobs:
         raise UsageError("no jobs to work on: pass --app module:attribute or set WORKLEDGER_APP")
     w = ledger.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk, lease=lease,
                       jobs=list(jobs) or None)
-    names = ", ".join(jobs or sorted(ledger.jobs))
-    click.echo(f"worker {w.worker_id} on {ledger.where}: jobs {names}; "
+    names = show(", ".join(jobs or sorted(ledger.jobs)))
+    click.echo(f"worker {show(w.worker_id)} on {show(ledger.where)}: jobs {names}; "
                f"concurrency {concurrency}, chunk {chunk}, lease {lease:g}s", err=True)
     with stop_on_signals(w) as received:
         report = w.run()
@@ -174,9 +175,6 @@ def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until
         echo_json({"worker_id": w.worker_id, "stopped_by": how, **asdict(report)})
     else:
         click.echo(report_line(report, how))
-
-
-# -- reading -----------------------------------------------------------------------------------
 
 
 COMMANDS = (init, submit, worker)

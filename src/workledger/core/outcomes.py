@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from workledger.core.retry import RetryPolicy, backoff_delay
 from workledger.core.states import Actor, ItemState, move
-from workledger.core.text import safe_text
+from workledger.core.text import reason_text
 
 # -- what user code raises or yields -------------------------------------------------------
 
@@ -128,7 +128,7 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy, jitter: float) -
     """
     decision = _decide(outcome, attempt, policy, jitter)
     if decision.error is not None:
-        decision = replace(decision, error=safe_text(decision.error))
+        decision = replace(decision, error=reason_text(decision.error))
     return decision
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from workledger.core.outcomes import Item, Permanent, Skip
 from workledger.core.status import PERMANENT_DECOMPOSITION
-from workledger.core.text import Unstorable, json_text, safe_text
+from workledger.core.text import Undecodable, Unstorable, json_text, reason_text, safe_text
 from workledger.errors import DecompositionFailed
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
@@ -22,7 +22,7 @@ def _key(key: Any) -> str | None:
 def to_row(seq: int, unit: Any) -> NewItem:
     """One decomposer output as a row; anything unusable becomes a skipped row, never dropped."""
     if isinstance(unit, Skip):
-        return NewItem(seq, _key(unit.key), None, "skipped", safe_text(unit.reason))
+        return NewItem(seq, _key(unit.key), None, "skipped", reason_text(unit.reason))
     if not isinstance(unit, Item):
         return NewItem(seq, None, None, "skipped",
                        f"decomposer yielded {type(unit).__name__}, not Item or Skip")
@@ -88,6 +88,9 @@ def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
     from the rows already written marks the run failed permanently instead of adding rows.
     Storage errors propagate unchanged: they are not the decomposer's fault.
     """
+    if isinstance(run.payload, Undecodable):  # retained by something else, too deep to read
+        _changed(store, run, f"its retained payload cannot be read: {run.payload}", actor,
+                 "the run cannot be decomposed")
     first = job.stages[0].name
     size = batch or job.batch_size
     rows = _rows(job, run.payload)
@@ -99,7 +102,7 @@ def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
             count = chunk[-1].seq + 1
         if error is not None:
             message = _failure(error)
-            store.run_record_error(run.id, safe_text(message), actor)
+            store.run_record_error(run.id, reason_text(message), actor)
             raise DecompositionFailed(message, run.id) from error
         if len(chunk) < size:
             break
@@ -118,7 +121,8 @@ def _write(store: Store, run: RunRow, stage: str, chunk: list[NewItem], check: b
     store.items_insert_many(ItemsInsert(run.id, stage, chunk))
 
 
-def _changed(store: Store, run: RunRow, why: str, actor: str | None) -> None:
-    message = f"{PERMANENT_DECOMPOSITION}: the decomposer's output changed: {why}"
-    store.run_record_error(run.id, safe_text(message), actor)
+def _changed(store: Store, run: RunRow, why: str, actor: str | None,
+             what: str = "the decomposer's output changed") -> None:
+    message = f"{PERMANENT_DECOMPOSITION}: {what}: {why}"
+    store.run_record_error(run.id, reason_text(message), actor)
     raise DecompositionFailed(message, run.id)

@@ -20,7 +20,7 @@ from workledger.core.outcomes import (
 )
 from workledger.core.states import Actor, ItemState, move
 from workledger.core.status import CLOSE_STAGE
-from workledger.core.text import Unstorable, json_text, safe_text
+from workledger.core.text import Undecodable, Unstorable, json_text, reason_text
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
@@ -69,6 +69,8 @@ def run_handler(
     call: Callable[[], Any] | None = None,
 ) -> Outcome:
     """Run ``stage``'s handler (or ``call``) and classify what happened as an outcome."""
+    if type(item.data) is Undecodable:  # written by something else, too deep to read back
+        return Failed(f"its data cannot be read back: {item.data}")
     try:
         if call is not None:
             value = call()
@@ -94,7 +96,7 @@ def trace_of(exc: BaseException) -> str | None:
     text = "".join(traceback.format_exception(exc))
     if len(text) > TRACE_LIMIT:
         text = "...\n" + text[-(TRACE_LIMIT - 4):]
-    return safe_text(text)
+    return reason_text(text)
 
 
 def to_finish(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
 from workledger.core.retry import RetryPolicy
 from workledger.core.status import CLOSE_STAGE
@@ -47,8 +48,9 @@ class Job:
         self, ledger: Submitter, name: str, *, tolerate: float | int = 0,
         full_history: bool = False, batch_size: int = 5000,
     ) -> None:
-        if not name or not isinstance(name, str):
-            raise UsageError("a job needs a non-empty name")
+        problem = text_problem("job name", name, NAME_BYTES)
+        if problem is not None:
+            raise UsageError(problem)
         self.ledger = ledger
         self.name = name
         self.tolerate = tolerate
@@ -78,6 +80,12 @@ class Job:
         verify: Verify | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it)."""
+        problem = text_problem("stage name", name, NAME_BYTES)
+        if problem is not None:
+            raise UsageError(f"job {self.name!r}: {problem}")
+        if name.startswith("@"):
+            raise UsageError(f"job {self.name!r}: stage {name!r}: names starting with '@' are "
+                             f"reserved (the closing hook's stage is {CLOSE_STAGE!r})")
         if any(s.name == name for s in self.stages):
             raise UsageError(f"job {self.name!r} already has a stage {name!r}")
         if after is not None and (not self.stages or self.stages[-1].name != after):

@@ -16,7 +16,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workledger import failpoints
@@ -30,7 +30,8 @@ from workledger.core.states import (
     move,
 )
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
-from workledger.errors import DecompositionFailed
+from workledger.core.text import Unstorable, json_text, reason_text
+from workledger.errors import DatabaseUnavailable, DecompositionFailed
 from workledger.runtime.decompose import decompose
 from workledger.runtime.execute import (
     context_for,
@@ -44,8 +45,10 @@ from workledger.storage.port import (
     FinishParams,
     ItemRow,
     ItemsInsert,
+    NewEvent,
     NewItem,
     ReclaimParams,
+    RunRow,
     Settle,
     SettleParams,
     Store,
@@ -107,12 +110,42 @@ class Sweeper:
             job = self.jobs.get(run.job)
             if job is None or (run.error or "").startswith(PERMANENT_DECOMPOSITION):
                 continue
-            try:
-                decompose(self.store, job, run, check_existing=True, actor=self.actor)
+            if self._isolated(run.id, "re-decomposition", self._decompose, job, run):
                 report.redecomposed += 1
-            except DecompositionFailed as exc:
-                log.warning("run %s: %s", run.id, exc)
+            else:
                 report.decomposition_errors += 1
+
+    def _decompose(self, job: Job, run: RunRow) -> bool:
+        # listings leave the payload out; only the runs this sweeper decomposes read it
+        decompose(self.store, job, replace(run, payload=self.store.run_payload(run.id)),
+                  check_existing=True, actor=self.actor)
+        return True
+
+    def _isolated(self, run_id: int, step: str, action: Callable[..., bool],
+                  *args: Any) -> bool:
+        """``action(*args)``, one run's step of the pass. If it fails, log it, record it on
+        that run (an event; for a re-decomposition also the run's error, as ``status`` shows)
+        and return False, so the pass goes on to the other runs. A lost database stops the
+        pass: every other step would fail the same way."""
+        try:
+            return action(*args)
+        except DatabaseUnavailable:
+            raise
+        except DecompositionFailed as exc:  # recorded on the run by decompose itself
+            log.warning("run %s: %s", run_id, exc)
+            return False
+        except Exception as exc:  # one bad run must not stop the pass for every other run
+            message = reason_text(f"{step} failed: {type(exc).__name__}: {exc}")
+            log.warning("run %s: %s", run_id, message)
+            try:
+                if step == "re-decomposition":
+                    self.store.run_record_error(run_id, message, self.actor)
+                self.store.events_add([NewEvent(run_id, "sweep_failed", actor=self.actor,
+                                                detail=json.dumps({"step": step,
+                                                                   "error": message}))])
+            except Exception:  # noqa: BLE001 - recording is best effort; the log has it
+                log.exception("run %s: could not record the failure", run_id)
+            return False
 
     # -- expired leases --------------------------------------------------------------------
 
@@ -141,14 +174,14 @@ class Sweeper:
                 run = self.store.run_get(item.run_id)
                 jobs_of[item.run_id] = run.job if run else ""
             job = self.jobs.get(jobs_of[item.run_id])
-            if job is None:
-                continue
-            stage = job.stage_named(item.stage)
-            if stage.verify is not None:
-                self._ask(job, stage, item)
+            stage = next((s for s in job.stages if s.name == item.stage), None) if job else None
+            if job is None or stage is None or stage.verify is None:
+                continue  # not this app's, or a stage it no longer declares: a person's
+            if self._isolated(item.run_id, f"verify of item {item.stage}/{item.seq}",
+                              self._ask, job, stage, item):
                 report.verified += 1
 
-    def _ask(self, job: Job, stage: Stage, item: ItemRow) -> None:
+    def _ask(self, job: Job, stage: Stage, item: ItemRow) -> bool:
         assert stage.verify is not None
         try:
             answer = stage.verify(view_of(item), context_for(job, item, item.attempts, self.actor))
@@ -156,6 +189,7 @@ class Sweeper:
             answer = "unknown", f"verify raised {type(exc).__name__}: {exc}"
         self.store.items_settle(SettleParams(item.run_id, _DONE.from_state,
                                              [verdict_settle(job, item, answer)], self.actor))
+        return True
 
     # -- closing hooks ---------------------------------------------------------------------
 
@@ -164,14 +198,16 @@ class Sweeper:
             if job.closing is None:
                 continue
             for run_id in self.store.runs_to_close([job.name], CLOSE_STAGE):
-                self.store.items_insert_many(ItemsInsert(run_id, CLOSE_STAGE,
-                                                         [NewItem(0, None, None)]))
-                if self._close(job, run_id):
+                if self._isolated(run_id, "closing hook", self._close, job, run_id):
                     report.closed += 1
                 else:
                     report.closing_failed += 1
 
     def _close(self, job: Job, run_id: int) -> bool:
+        self.store.items_insert_many(ItemsInsert(run_id, CLOSE_STAGE, [NewItem(0, None, None)]))
+        return self._run_closing(job, run_id)
+
+    def _run_closing(self, job: Job, run_id: int) -> bool:
         claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor,
                                                      closing=True))
         item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
@@ -196,7 +232,12 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
     detail = json.dumps({"verdict": str(verdict)})
     if verdict == "done":
         nxt = job.next_stage(item.stage)
-        result = None if extra is None else json.dumps(extra)
+        try:
+            result = None if extra is None else json_text(extra)
+        except Unstorable as exc:
+            return Settle(item.id, _UNSURE.target, event="unknown", detail=detail,
+                          error=f"verify could not tell: it answered done with a result that "
+                                f"cannot be stored: it {exc}")
         return Settle(item.id, _DONE.target, result=result, unit=None if nxt else "processed",
                       next_stage=nxt, event="verified", detail=detail)
     if verdict == "not_done":

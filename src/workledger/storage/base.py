@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
+from typing import Any
 
 from workledger.core.states import AWAITING_VERIFY
 from workledger.core.status import DECOMPOSITION_FAILED
@@ -78,8 +79,18 @@ class LedgerStore(Dialect[C]):
         rows = self._read(self.Q["run_get"], {"run_id": run_id})
         return self._run(rows[0]) if rows else None
 
-    def runs_list(self, limit: int = 100) -> list[RunRow]:
-        return [self._run(r) for r in self._read(self.Q["runs_list"], {"limit": limit})]
+    def run_payload(self, run_id: int) -> Any:
+        rows = self._read_tuples(self.Q["run_payload"], {"run_id": run_id})
+        if not rows:
+            raise UnknownRun(f"no run {run_id}")
+        return self._json(rows[0][0])
+
+    def runs_list(self, limit: int = 100, before: int | None = None) -> list[RunRow]:
+        rows = self._read(self.Q["runs_list"], {"limit": limit, "before": before})
+        return [self._run(r) for r in rows]
+
+    def runs_count(self, before: int | None = None) -> int:
+        return int(self._first(self._read_tuples(self.Q["runs_count"], {"before": before}))[0])
 
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
         common.failpoint("decompose.before_mark")
@@ -365,6 +376,12 @@ class LedgerStore(Dialect[C]):
             "run_id": query.run_id, "stage": query.stage, "state": query.state,
             "limit": query.limit, "after_id": query.after_id, "seq": query.seq})
         return [self._item(r) for r in rows]
+
+    def items_count(self, query: ItemsQuery) -> int:
+        rows = self._read_tuples(self.Q["items_count"], {
+            "run_id": query.run_id, "stage": query.stage, "state": query.state,
+            "after_id": query.after_id})
+        return int(self._first(rows)[0])
 
     def items_keys(self, run_id: int, stage: str, lo: int, hi: int) -> dict[int, str | None]:
         rows = self._read_tuples(self.Q["items_keys"],

@@ -11,6 +11,7 @@ from typing import Any
 
 from workledger import failpoints
 from workledger.core.status import count_differences
+from workledger.core.text import read_json, reason_text, storable_json
 from workledger.storage.port import (
     ClaimedItem,
     Finish,
@@ -30,9 +31,11 @@ failpoint = failpoints.hit
 
 
 def loads(text: Any) -> Any:
+    """A JSON column's text as Python; a value no reader could handle (nested too deep,
+    written by something else) becomes an ``Undecodable`` marker instead of an error."""
     if text is None or not isinstance(text, str | bytes):
         return text
-    return json.loads(text)
+    return read_json(text)
 
 
 def split_statements(sql: str) -> list[str]:
@@ -220,7 +223,9 @@ class FinishPlan:
 
 
 def settle_rows(settles: Sequence[Settle]) -> list[list[Any]]:
-    return [[s.id, s.state, s.result, s.error, s.delay, s.reset_attempts] for s in settles]
+    # an operator's note becomes the reason of a failure: stored like every reason
+    return [[s.id, s.state, s.result, None if s.error is None else reason_text(s.error),
+             s.delay, s.reset_attempts] for s in settles]
 
 
 def plan_after_settle(params: SettleParams, applied: set[int]) -> FinishPlan:
@@ -276,7 +281,8 @@ def plan_after_finish(params: FinishParams, applied: set[int]) -> FinishPlan:
 
 def event_params(e: NewEvent) -> dict[str, Any]:
     return {"run_id": e.run_id, "item_id": e.item_id, "kind": e.kind,
-            "lease_token": e.lease_token, "actor": e.actor, "detail": e.detail}
+            "lease_token": e.lease_token, "actor": e.actor,
+            "detail": None if e.detail is None else storable_json(e.detail)}
 
 
 def claimed_items(rows: Sequence[Any], decode: bool) -> list[ClaimedItem]:
@@ -284,7 +290,7 @@ def claimed_items(rows: Sequence[Any], decode: bool) -> list[ClaimedItem]:
     ``decode``: ``data`` arrives as JSON text (SQLite), not already decoded (PostgreSQL)."""
     make = ClaimedItem._make
     if decode:
-        items = [make(r) if r[5] is None else make(r[:5] + (json.loads(r[5]),) + r[6:])
+        items = [make(r) if r[5] is None else make(r[:5] + (read_json(r[5]),) + r[6:])
                  for r in rows]
     else:
         items = list(map(make, rows))

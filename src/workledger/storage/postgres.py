@@ -16,7 +16,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row, tuple_row
+from psycopg.types.json import set_json_loads
 
+from workledger.core.text import read_json
 from workledger.errors import DatabaseUnavailable, StorageError
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import CountRows
@@ -66,6 +68,7 @@ class PostgresStore(LedgerStore[Conn]):
             conninfo = make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
         try:
             conn = psycopg.connect(conninfo, autocommit=False, row_factory=dict_row)
+            set_json_loads(read_json, conn)  # a row too deep to decode is shown, not fatal
             # JIT compiles small ledger queries for tens of milliseconds when statistics are
             # missing; none of our statements scans enough rows to gain from it
             conn.execute("SET jit = off")

@@ -42,7 +42,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         check_version()
         self.path = path
         if path != ":memory:":
-            parent = Path(path).expanduser().resolve().parent
+            parent = Path(path).resolve().parent  # open_store expanded ~ already
             if not parent.is_dir():
                 raise DatabaseUnavailable(f"cannot open SQLite database {path}: no folder {parent}")
         try:

@@ -35,6 +35,7 @@ from workledger.demos.payroll.config import (
 from workledger.demos.payroll.job import build
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import MailSink
+from workledger.errors import UsageError
 
 WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
 
@@ -309,7 +310,7 @@ def run_demo(db_url: str, employees: int = 2000, out_dir: str | Path = "./paysli
     0
     """
     console = console or Console()
-    out = Path(out_dir).resolve()
+    out = prepare_out(Path(out_dir))
     external = smtp_host is not None or smtp_port is not None
     config = PayrollConfig(out, smtp_host or "127.0.0.1", smtp_port or 25,
                            None if external else out / "mail-sink.db")
@@ -328,6 +329,25 @@ def run_demo(db_url: str, employees: int = 2000, out_dir: str | Path = "./paysli
         store.close()
         if sink is not None:
             sink.stop()
+
+
+def prepare_out(out: Path) -> Path:
+    """The output folder, made if need be; refused (``UsageError``) before anything is written
+    when it is a file, cannot be made, or is a folder that holds other things than a payroll
+    demo's (no ``employees.db``): ``--out /`` must not scatter payslips over a file system."""
+    out = out.resolve()
+    try:
+        if out.is_dir():
+            if any(out.iterdir()) and not (out / "employees.db").is_file():
+                raise UsageError(f"--out {out} is a folder that is not empty and holds no "
+                                 "payroll demo (employees.db): choose a new or empty folder")
+            return out
+        if out.exists():
+            raise UsageError(f"--out {out} is a file, not a folder")
+        out.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
+    return out
 
 
 def _run(demo: Demo, crash_after: int | None) -> int:

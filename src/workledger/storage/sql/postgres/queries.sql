@@ -15,10 +15,23 @@ RETURNING id;
 SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 
 -- name: run_get
-SELECT * FROM wl_runs WHERE id = %(run_id)s;
+-- Every column but the payload, which can be large and no reader shows: run_payload reads it.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE id = %(run_id)s;
+
+-- name: run_payload
+SELECT payload FROM wl_runs WHERE id = %(run_id)s;
 
 -- name: runs_list
-SELECT * FROM wl_runs ORDER BY id DESC LIMIT %(limit)s;
+-- Newest first, below an id to page back; without payloads (see run_get).
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: runs_count
+SELECT count(*) FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint);
 
 -- name: run_mark_decomposed
 UPDATE wl_runs SET
@@ -33,7 +46,8 @@ UPDATE wl_runs SET
                          AND state NOT IN ('processed', 'failed', 'skipped'))
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
-RETURNING *;
+RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = %(error)s WHERE id = %(run_id)s;
@@ -218,6 +232,13 @@ WHERE run_id = %(run_id)s AND id > %(after_id)s
   AND (%(seq)s::bigint IS NULL OR seq = %(seq)s::bigint)
 ORDER BY id LIMIT %(limit)s;
 
+-- name: items_count
+-- How many more items_list would find after an id: what a listing cut short says.
+SELECT count(*) FROM wl_items
+WHERE run_id = %(run_id)s AND id > %(after_id)s
+  AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text);
+
 -- name: leases_reclaim_expired
 -- moves: claimed -> pending, unknown
 WITH picked AS (
@@ -305,7 +326,9 @@ ORDER BY id LIMIT %(limit)s;
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
-SELECT * FROM wl_runs AS r
+SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= now() - make_interval(secs => %(grace)s::float8)
@@ -352,7 +375,9 @@ RETURNING id, stage;
 
 -- name: run_lock
 -- Reconcile holds the run row while it counts, so no completion's counter update lands in between.
-SELECT * FROM wl_runs WHERE id = %(run_id)s FOR UPDATE;
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE id = %(run_id)s FOR UPDATE;
 
 -- name: run_set_projection
 UPDATE wl_runs SET total = %(total)s, processed = %(processed)s, failed = %(failed)s,

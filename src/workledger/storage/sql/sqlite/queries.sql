@@ -13,10 +13,23 @@ RETURNING id;
 SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 
 -- name: run_get
-SELECT * FROM wl_runs WHERE id = :run_id;
+-- Every column but the payload, which can be large and no reader shows: run_payload reads it.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE id = :run_id;
+
+-- name: run_payload
+SELECT payload FROM wl_runs WHERE id = :run_id;
 
 -- name: runs_list
-SELECT * FROM wl_runs ORDER BY id DESC LIMIT :limit;
+-- Newest first, below an id to page back; without payloads (see run_get).
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE (:before IS NULL OR id < :before)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: runs_count
+SELECT count(*) FROM wl_runs WHERE (:before IS NULL OR id < :before);
 
 -- name: run_mark_decomposed
 UPDATE wl_runs SET
@@ -31,7 +44,8 @@ UPDATE wl_runs SET
                          AND state NOT IN ('processed', 'failed', 'skipped'))
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id
-RETURNING *;
+RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = :error WHERE id = :run_id;
@@ -204,6 +218,12 @@ WHERE run_id = :run_id AND id > :after_id
   AND (:seq IS NULL OR seq = :seq)
 ORDER BY id LIMIT :limit;
 
+-- name: items_count
+-- How many more items_list would find after an id: what a listing cut short says.
+SELECT count(*) FROM wl_items
+WHERE run_id = :run_id AND id > :after_id
+  AND (:stage IS NULL OR stage = :stage) AND (:state IS NULL OR state = :state);
+
 -- name: leases_reclaim_expired
 -- moves: claimed -> pending, unknown
 UPDATE wl_items SET
@@ -282,7 +302,9 @@ ORDER BY id LIMIT :limit;
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
-SELECT * FROM wl_runs AS r
+SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
@@ -328,7 +350,9 @@ WHERE run_id = :run_id AND state = 'pending'
 RETURNING id, stage;
 
 -- name: run_lock
-SELECT * FROM wl_runs WHERE id = :run_id;
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE id = :run_id;
 
 -- name: run_set_projection
 UPDATE wl_runs SET total = :total, processed = :processed, failed = :failed,

@@ -1,0 +1,38 @@
+"""What a caller gives the facade, checked against the limits of ``core/limits.py`` before
+anything is written, the same way on both backends: a failed check is :class:`BadInput`."""
+
+from __future__ import annotations
+
+from workledger.core import limits
+from workledger.errors import BadInput
+
+
+def check_key(key: str | None) -> None:
+    """A run's idempotency key (None: the payload's hash is the key)."""
+    if key is not None:
+        _check("key", key, limits.KEY_BYTES)
+
+
+def check_name(what: str, name: str | None) -> None:
+    """A job or stage name, given or used as a filter (None: no filter)."""
+    if name is not None:
+        _check(what, name, limits.NAME_BYTES)
+
+
+def check_limit(limit: int) -> None:
+    """How many rows a listing returns."""
+    if not 1 <= limit <= limits.LIST_MAX:
+        raise BadInput(f"limit {limit} is out of range: a listing returns 1 to "
+                       f"{limits.LIST_MAX:,} rows (page with --after / --before for more)")
+
+
+def check_id(what: str, value: int | None) -> None:
+    """A run id, an item id or seq: both databases hold 64-bit integers."""
+    if value is not None and not 0 <= value <= limits.ID_MAX:
+        raise BadInput(f"{what} {value} is out of range (0 to {limits.ID_MAX})")
+
+
+def _check(what: str, value: str, max_bytes: int) -> None:
+    problem = limits.text_problem(what, value, max_bytes)
+    if problem is not None:
+        raise BadInput(problem)
