@@ -10,22 +10,26 @@ import os
 import random
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from workledger.errors import (
+    BadInput,
     DecompositionFailed,
     PayloadMismatch,
     UnknownJob,
     UnknownRun,
     UsageError,
 )
-from workledger.runtime import operations
+from workledger.runtime import operations, overview, retention
 from workledger.runtime.audit import Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
-from workledger.runtime.operations import RESOLVE_TARGETS
+from workledger.runtime.operations import RESOLVE_TARGETS, History
+from workledger.runtime.overview import MetricsSnapshot
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
+from workledger.runtime.retention import PruneReport, parse_duration
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
@@ -36,15 +40,33 @@ from workledger.storage.port import (
     ItemRow,
     ItemsQuery,
     NewRun,
+    ReasonGroup,
     Reconciled,
     RunRow,
+    RunsQuery,
     Store,
 )
 
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime and the
 # storage only through this module.
-__all__ = ["DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus", "Submission",
-           "SweepReport", "WorkReport", "Worker", "differences", "masked_url"]
+__all__ = ["DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS", "RUN_STATES", "Finding", "History",
+           "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport", "ReasonGroup", "RunStatus",
+           "RunsPage", "Submission", "SweepReport", "WorkReport", "Worker", "differences",
+           "masked_url", "parse_duration"]
+
+ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
+# Every state core/status.py:derive can give a run.
+RUN_STATES = ("accepted", "running", "paused", "recovery_pending", "awaiting_repair",
+              "completed", "completed_with_failures", "failed", "cancelled")
+ATTENTION_STATES = ("failed", "unknown")  # listed through their own index
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    """Runs, newest first, and the cursor of the next page (None: nothing older)."""
+
+    runs: list[RunStatus]
+    next: int | None
 
 
 class Ledger:
@@ -272,3 +294,86 @@ class Ledger:
 
     def _status_of(self, run: RunRow) -> RunStatus:
         return status_of(self.store, run, self.jobs.get(run.job))
+
+    # -- for the HTTP layer and metrics; retention ---------------------------------------------
+
+    def runs_page(self, *, job: str | None = None, state: str | None = None, limit: int = 100,
+                  after: int | None = None) -> RunsPage:
+        """Runs newest first, ids below ``after``; with ``state``, only runs in that derived
+        state. A state is derived, not stored, so a filtered page looks at up to ten pages of
+        runs and may come back short with a ``next`` cursor to go on from."""
+        if state is not None and state not in RUN_STATES:
+            raise BadInput(f"unknown run state {state!r} (one of {', '.join(RUN_STATES)})")
+        if limit < 1 or (after is not None and after < 0):
+            raise BadInput("limit must be at least 1 and the cursor not negative")
+        found: list[RunStatus] = []
+        cursor, scanned = after, 0
+        while True:
+            rows = self.store.runs_page(RunsQuery(job, cursor, limit))
+            for row in rows:
+                cursor, scanned = row.id, scanned + 1
+                st = self._status_of(row)
+                if state is None or st.state == state:
+                    found.append(st)
+                if len(found) == limit or scanned >= limit * 10:
+                    break
+            else:
+                if len(rows) < limit:
+                    return RunsPage(found, None)
+                continue
+            break
+        more = bool(self.store.runs_page(RunsQuery(job, cursor, 1)))
+        return RunsPage(found, cursor if more else None)
+
+    def items_page(self, run_id: int, *, stage: str | None = None, state: str | None = None,
+                   key: str | None = None, limit: int = 100, after_id: int = 0) -> list[ItemRow]:
+        """Like :meth:`items`, and by ``key``; failed and unknown items through their own
+        index, so listing them never walks a run of a million items."""
+        if state is not None and state not in ITEM_STATES:
+            raise BadInput(f"unknown item state {state!r} (one of {', '.join(ITEM_STATES)})")
+        self._run(run_id)
+        query = ItemsQuery(run_id, stage, state, limit, after_id)
+        if key is not None:
+            return self.store.items_by_key(query, key)
+        if state in ATTENTION_STATES:
+            return self.store.run_attention(query)
+        return self.store.items_list(query)
+
+    def item(self, run_id: int, stage: str, seq: int) -> ItemRow | None:
+        self._run(run_id)
+        rows = self.store.items_list(ItemsQuery(run_id, stage, None, 1, 0, seq))
+        return rows[0] if rows else None
+
+    def run_waits(self, run_id: int) -> tuple[int, int]:
+        """(expired leases, retries not yet due) of the run."""
+        self._run(run_id)
+        return self.store.run_waits(run_id)
+
+    def pending_ages(self, run_id: int) -> dict[str, float]:
+        """Per stage, the age in seconds of the oldest of the items workers claim next."""
+        return self.store.pending_heads(run_id, overview.HEAD_WINDOW)
+
+    def reasons(self, run_id: int, state: str, *, window: int = 10_000,
+                groups: int = 50) -> list[ReasonGroup]:
+        """The run's failed, skipped or unknown items (the first ``window``) grouped by
+        stage and reason, largest group first."""
+        if state not in ("failed", "skipped", "unknown"):
+            raise BadInput(f"reasons are kept for failed, skipped and unknown items, not {state}")
+        return self.store.run_reasons(run_id, state, window, groups)
+
+    def metrics(self) -> MetricsSnapshot:
+        """What ``/metrics`` reports: cheap at any number of items (runtime/overview.py)."""
+        return overview.metrics_snapshot(self.store, self.jobs)
+
+    def ping(self) -> None:
+        """Raise ``DatabaseUnavailable`` (or ``StorageError``) unless the database answers."""
+        self.store.schema_version()
+
+    def prune(self, older_than: float, *, job: str | None = None, dry_run: bool = False,
+              export: TextIO | None = None) -> PruneReport:
+        """Delete runs finished more than ``older_than`` seconds ago, with their items, events
+        and counts, in short batches; ``export``: write them as JSON Lines first."""
+        if older_than < 0:
+            raise BadInput("the cutoff must not be negative")
+        return retention.prune(self.store, self.jobs, older_than, job=job, dry_run=dry_run,
+                               export=export)

@@ -9,6 +9,7 @@ import click
 
 from workledger.api import Ledger, RunStatus
 from workledger.progress import ITEM_STATES, counts_line, stage_order
+from workledger.shapes import status_dict
 
 __all__ = ["ITEM_STATES", "echo_json", "one_line", "print_status", "status_dict"]
 
@@ -19,17 +20,6 @@ def one_line(text: str) -> str:
 
 def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
-
-
-STATUS_FIELDS = ("run_id", "job", "key", "state", "total", "complete", "counts", "processed",
-                 "failed", "skipped", "next", "created_at", "decomposed_at", "completed_at",
-                 "error")
-
-
-def status_dict(st: RunStatus) -> dict[str, Any]:
-    """The JSON shape of a run's status: a contract, so new RunStatus fields stay out of it."""
-    values = st.to_dict()
-    return {name: values[name] for name in STATUS_FIELDS}
 
 
 def print_status(ledger: Ledger, st: RunStatus) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import click
 from rich.console import Console
@@ -12,6 +11,7 @@ from rich.table import Table
 from workledger.cli.output import ITEM_STATES, echo_json, print_status, status_dict
 from workledger.cli.settings import Settings
 from workledger.progress import watch_run
+from workledger.shapes import item_dict
 
 
 @click.command()
@@ -68,7 +68,7 @@ def items(settings: Settings, run_id: int, stage: str | None, state: str | None,
     """List RUN's items: seq, key, state, attempts, result and error (the reason)."""
     rows = settings.ledger().items(run_id, stage=stage, state=state, limit=limit, after_id=after)
     if as_json:
-        echo_json([asdict(r) for r in rows])
+        echo_json([item_dict(r) for r in rows])
         return
     table = Table("id", "stage", "seq", "key", "state", "attempts", "result", "error")
     for r in rows:

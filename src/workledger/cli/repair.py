@@ -11,10 +11,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, differences
+from workledger.api import RESOLVE_TARGETS
 from workledger.cli.output import echo_json, one_line
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
+from workledger.shapes import finding_dict, history_dict, reconcile_dict
 
 NOTE = click.option("--note", metavar="TEXT", help="Why: recorded with the action in wl_events.")
 JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -116,7 +117,7 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
     """An item's story: its row (attempts, token, times, result, reason) and its events."""
     story = settings.ledger().history(run_id, stage, seq)
     if as_json:
-        echo_json({"item": asdict(story.item), "events": [asdict(e) for e in story.events]})
+        echo_json(history_dict(story))
         return
     i = story.item
     click.echo(f"item {i.stage}/{i.seq} key {i.key} of run {i.run_id}: {i.state}, "
@@ -157,9 +158,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
     ids = [run_id] if run_id is not None else [s.run_id for s in ledger.runs(10_000)]
     out: list[dict[str, Any]] = []
     for rid in ids:
-        result = ledger.reconcile(rid, dry_run=dry_run)
-        diff = {k: {"stored": a, "ledger": b} for k, (a, b) in differences(result).items()}
-        out.append({"run_id": rid, "differences": diff, "repaired": result.repaired})
+        out.append(reconcile_dict(rid, ledger.reconcile(rid, dry_run=dry_run)))
     if as_json:
         echo_json(out)
         return
@@ -181,7 +180,7 @@ def audit(settings: Settings, as_json: bool) -> None:
     Exits 1 when something needs a person."""
     findings = settings.ledger().audit()
     if as_json:
-        echo_json([f.to_dict() for f in findings])
+        echo_json([finding_dict(f) for f in findings])
     elif not findings:
         click.echo("nothing stranded")
     else:

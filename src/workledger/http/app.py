@@ -1,0 +1,105 @@
+"""The FastAPI application: the JSON API, the dashboard, ``/metrics`` and ``/healthz``.
+
+Everything goes through one :class:`~workledger.api.Ledger` (the facade), as the CLI does.
+A middleware checks who is asking (``auth.py``) before any route runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from workledger.api import Ledger
+from workledger.errors import WorkledgerError
+from workledger.http import errors, pages
+from workledger.http.api_routes import router as api_router
+from workledger.http.auth import COOKIE, OPEN_ACTOR, Principal, Tokens, same_origin
+from workledger.http.metrics import registry_for
+
+HERE = Path(__file__).parent
+OPEN = Principal(OPEN_ACTOR, can_write=True)
+NO_TOKEN_NEEDED = ("/healthz", "/signin")
+
+
+def _token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.cookies.get(COOKIE)
+
+
+def wants_html(path: str) -> bool:
+    return not path.startswith(("/api/", "/api", "/metrics", "/openapi.json", "/docs"))
+
+
+async def guard(request: Request,
+                call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """Same origin for a browser's POST, then a known token (unless none is configured),
+    then write access for anything but a read."""
+    path = request.url.path
+    if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(
+            request.headers.get("origin"), request.headers.get("sec-fetch-site"),
+            request.headers.get("host")):
+        return errors.error_json(403, "refused: a POST from another origin")
+    if path in NO_TOKEN_NEEDED or path.startswith("/static/"):
+        return await call_next(request)
+    tokens: Tokens = request.app.state.tokens
+    principal = tokens.who(_token(request)) if tokens.required else OPEN
+    if principal is None:
+        if wants_html(path):
+            return pages.signin_page(request, status_code=401)
+        return errors.error_json(401, "a token is needed: send Authorization: Bearer <token>")
+    if request.method not in ("GET", "HEAD") and not principal.can_write:
+        return errors.error_json(403, f"token {principal.name!r} may only read")
+    request.state.principal = principal
+    return await call_next(request)
+
+
+def create_app(ledger: Ledger, tokens: Tokens | None = None,
+               export_dir: Path | None = None) -> FastAPI:
+    """The application over ``ledger``; ``tokens``: who may use it (none: anyone, for a
+    server on loopback only); ``export_dir``: where ``POST /api/prune`` may write exports."""
+    app = FastAPI(title="workledger", version="0.1.0",
+                  description="A run's truth from the ledger: runs, items, audit, metrics.",
+                  docs_url=None, redoc_url=None)
+    app.state.ledger = ledger
+    app.state.tokens = tokens or Tokens()
+    app.state.export_dir = export_dir
+    app.state.where = ledger.where
+    app.state.registry = registry_for(ledger)
+    app.middleware("http")(guard)
+    app.add_exception_handler(WorkledgerError, errors.on_workledger_error)
+    app.add_exception_handler(RequestValidationError, errors.on_validation_error)
+    app.add_exception_handler(HTTPException, errors.on_http_error)
+    app.add_exception_handler(Exception, errors.on_any_error)
+    app.include_router(api_router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=True,
+                      responses={503: {"model": errors.ErrorBody}})
+    app.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response,
+                      responses={200: {"content": {"text/plain": {}}},
+                                 **errors.ERROR_RESPONSES})
+    return app
+
+
+def healthz(request: Request) -> JSONResponse:
+    """200 when the database answers, 503 otherwise (no token needed)."""
+    try:
+        request.app.state.ledger.ping()
+    except WorkledgerError:
+        return errors.error_json(503, "the database does not answer")
+    return JSONResponse({"status": "ok"})
+
+
+def metrics(request: Request) -> Response:
+    """Prometheus text format, read from the ledger at scrape time."""
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

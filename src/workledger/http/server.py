@@ -1,0 +1,75 @@
+"""``workledger serve``: the application under uvicorn, and the daily prune when asked."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from workledger.api import Ledger
+from workledger.errors import UsageError, WorkledgerError
+from workledger.http.app import create_app
+from workledger.http.auth import Tokens, is_loopback
+
+log = logging.getLogger("workledger.http")
+DAY = 86400.0
+
+
+def check_bind(host: str, tokens: Tokens) -> None:
+    """Without a token anyone who reaches the port may act: only on loopback."""
+    if not tokens.required and not is_loopback(host):
+        raise UsageError(f"refusing to listen on {host} without a token: set WORKLEDGER_TOKEN "
+                         "(or --token-file), or listen on 127.0.0.1")
+
+
+class DailyPrune(threading.Thread):
+    """Prunes runs finished more than ``older_than`` seconds ago: at start, then every day."""
+
+    def __init__(self, ledger: Ledger, older_than: float, every: float = DAY) -> None:
+        super().__init__(name="workledger-prune", daemon=True)
+        self.ledger, self.older_than, self.every = ledger, older_than, every
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                report = self.ledger.prune(self.older_than)
+                log.info("pruned %d runs (%d items, %d events)", len(report.runs),
+                         report.items, report.events)
+            except WorkledgerError as exc:  # the next day tries again
+                log.error("prune failed: %s", exc)
+            self.stopped.wait(self.every)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear error."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=512)
+    except OSError as exc:
+        raise WorkledgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
+          prune_after: float | None = None, export_dir: Path | None = None,
+          announce: Callable[[str], None] = print) -> None:
+    """Listen on ``host:port`` (port 0: any free port), say where, serve until SIGINT/SIGTERM."""
+    check_bind(host, tokens)
+    app = create_app(ledger, tokens, export_dir)
+    sock = listen(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    announce(f"http://{shown}:{sock.getsockname()[1]}/")
+    pruner = DailyPrune(ledger, prune_after) if prune_after is not None else None
+    if pruner is not None:
+        pruner.start()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if pruner is not None:
+            pruner.stopped.set()
