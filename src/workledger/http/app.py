@@ -96,7 +96,7 @@ def healthz(request: Request) -> JSONResponse:
     try:
         request.app.state.ledger.ping()
     except WorkledgerError:
-        return errors.error_json(503, "the database does not answer")
+        return errors.error_json(503, errors.UNAVAILABLE)
     return JSONResponse({"status": "ok"})
 
 

@@ -28,6 +28,7 @@ from workledger.errors import (
 log = logging.getLogger("workledger.http")
 
 INTERNAL = "internal error: the server's log has the details"
+UNAVAILABLE = "the database does not answer: the server's log has the details"
 STATUS_OF: tuple[tuple[type[WorkledgerError], int], ...] = (
     (UnknownRun, 404), (UnknownJob, 404), (PayloadMismatch, 422), (BadInput, 400),
     (UsageError, 409), (DatabaseUnavailable, 503))
@@ -54,6 +55,8 @@ def message_of(request: Request, exc: WorkledgerError) -> str:
     """The error's line without the ledger's URL (masked or not, it is not the client's)."""
     if status_of(exc) == 500:
         return INTERNAL
+    if status_of(exc) == 503:  # where the database is, and why, is for the server's log
+        return UNAVAILABLE
     where = getattr(request.app.state, "where", "")
     text = one_line(str(exc) or type(exc).__name__)
     return text.replace(f" in {where}", "") if where else text
@@ -79,8 +82,9 @@ def validation_message(exc: RequestValidationError) -> str:
 async def on_workledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, WorkledgerError)
     code = status_of(exc)
-    if code == 500:
-        log.error("request %s %s failed", request.method, request.url.path, exc_info=exc)
+    if code in (500, 503):
+        log.error("request %s %s failed: %s", request.method, request.url.path, exc,
+                  exc_info=exc if code == 500 else None)
     return error_json(code, message_of(request, exc))
 
 

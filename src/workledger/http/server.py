@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -45,6 +46,10 @@ class DailyPrune(threading.Thread):
             self.stopped.wait(self.every)
 
 
+def _stopped(signum: int, _frame: object) -> None:
+    log.info("stopped by %s", signal.Signals(signum).name)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that a port in use is one clear error."""
     try:
@@ -67,9 +72,14 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
     if pruner is not None:
         pruner.start()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
+    # handler it found: a quiet one here, so a requested stop exits 0
+    previous = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if pruner is not None:
             pruner.stopped.set()
