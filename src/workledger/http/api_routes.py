@@ -13,6 +13,7 @@ from workledger.errors import BadInput, DecompositionFailed, UsageError
 from workledger.http.auth import OPEN_ACTOR
 from workledger.http.errors import ERROR_RESPONSES, error_json
 from workledger.http.models import (
+    After,
     AuditBody,
     HistoryBody,
     ItemsBody,
@@ -23,7 +24,9 @@ from workledger.http.models import (
     ReconcileRequest,
     ResolveRequest,
     RetryRequest,
+    RunId,
     RunsBody,
+    Seq,
     StatusBody,
     SubmissionBody,
 )
@@ -38,7 +41,6 @@ from workledger.shapes import (
 
 router = APIRouter(prefix="/api", responses=ERROR_RESPONSES)
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many")]
-After = Annotated[int | None, Query(ge=0, description="the cursor from the last page's next")]
 
 
 def ledger_of(request: Request) -> Ledger:
@@ -60,12 +62,12 @@ def list_runs(request: Request, job: str | None = None, state: str | None = None
 
 
 @router.get("/runs/{run_id}", response_model=StatusBody)
-def get_run(request: Request, run_id: int) -> dict[str, Any]:
+def get_run(request: Request, run_id: RunId) -> dict[str, Any]:
     return status_dict(ledger_of(request).status(run_id))
 
 
 @router.get("/runs/{run_id}/items", response_model=ItemsBody)
-def list_items(request: Request, run_id: int, stage: str | None = None,
+def list_items(request: Request, run_id: RunId, stage: str | None = None,
                state: str | None = None, key: str | None = None, limit: Limit = 100,
                after: After = None) -> dict[str, Any]:
     rows = ledger_of(request).items_page(run_id, stage=stage, state=state, key=key,
@@ -75,7 +77,7 @@ def list_items(request: Request, run_id: int, stage: str | None = None,
 
 
 @router.get("/runs/{run_id}/items/{stage}/{seq}", response_model=HistoryBody)
-def get_item(request: Request, run_id: int, stage: str, seq: int) -> Any:
+def get_item(request: Request, run_id: RunId, stage: str, seq: Seq) -> Any:
     ledger = ledger_of(request)
     if ledger.item(run_id, stage, seq) is None:
         return error_json(404, f"run {run_id} has no item {seq} in stage {stage!r}")
@@ -105,25 +107,29 @@ def _status(request: Request, run_id: int) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/pause", response_model=StatusBody)
-def pause(request: Request, run_id: int, body: NoteRequest | None = None) -> dict[str, Any]:
+def pause(request: Request, run_id: RunId, body: NoteRequest | None = None
+          ) -> dict[str, Any]:
     ledger_of(request).pause(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/resume", response_model=StatusBody)
-def resume(request: Request, run_id: int, body: NoteRequest | None = None) -> dict[str, Any]:
+def resume(request: Request, run_id: RunId, body: NoteRequest | None = None
+           ) -> dict[str, Any]:
     ledger_of(request).resume(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=StatusBody)
-def cancel(request: Request, run_id: int, body: NoteRequest | None = None) -> dict[str, Any]:
+def cancel(request: Request, run_id: RunId, body: NoteRequest | None = None
+           ) -> dict[str, Any]:
     ledger_of(request).cancel(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/retry", response_model=StatusBody)
-def retry(request: Request, run_id: int, body: RetryRequest | None = None) -> dict[str, Any]:
+def retry(request: Request, run_id: RunId, body: RetryRequest | None = None
+          ) -> dict[str, Any]:
     b = body or RetryRequest()
     ledger_of(request).retry(run_id, stage=b.stage, seqs=b.items, note=b.note,
                              actor=actor_of(request))
@@ -131,7 +137,7 @@ def retry(request: Request, run_id: int, body: RetryRequest | None = None) -> di
 
 
 @router.post("/runs/{run_id}/reconcile", response_model=ReconcileBody)
-def reconcile(request: Request, run_id: int, body: ReconcileRequest | None = None
+def reconcile(request: Request, run_id: RunId, body: ReconcileRequest | None = None
               ) -> dict[str, Any]:
     dry_run = (body or ReconcileRequest()).dry_run
     result = ledger_of(request).reconcile(run_id, dry_run=dry_run, actor=actor_of(request))
@@ -139,7 +145,7 @@ def reconcile(request: Request, run_id: int, body: ReconcileRequest | None = Non
 
 
 @router.post("/runs/{run_id}/items/{stage}/{seq}/resolve", response_model=StatusBody)
-def resolve(request: Request, run_id: int, stage: str, seq: int, body: ResolveRequest
+def resolve(request: Request, run_id: RunId, stage: str, seq: Seq, body: ResolveRequest
             ) -> dict[str, Any]:
     ledger = ledger_of(request)
     if ledger.item(run_id, stage, seq) is None:

@@ -3,9 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path, Query
 from pydantic import BaseModel, Field
+
+# Ids and seqs are 64-bit in both databases: larger numbers are bad input, not a driver error.
+MAX_ID = 2**63 - 1
+RunId = Annotated[int, Path(ge=0, le=MAX_ID)]
+Seq = Annotated[int, Path(ge=-MAX_ID, le=MAX_ID)]
+After = Annotated[int | None, Query(ge=0, le=MAX_ID,
+                                    description="the cursor from the last page's next")]
 
 
 class StatusBody(BaseModel):
@@ -130,7 +138,8 @@ class NoteRequest(BaseModel):
 
 class RetryRequest(NoteRequest):
     stage: str | None = None
-    items: list[int] | None = Field(default=None, description="seqs; default every failed item")
+    items: list[Annotated[int, Field(ge=-MAX_ID, le=MAX_ID)]] | None = Field(
+        default=None, description="seqs; default every failed item")
 
 
 class ReconcileRequest(BaseModel):

@@ -21,6 +21,7 @@ from workledger.errors import BadInput, UsageError, WorkledgerError
 from workledger.http import views
 from workledger.http.auth import COOKIE, OPEN_ACTOR
 from workledger.http.errors import message_of, status_of
+from workledger.http.models import After, RunId, Seq
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.filters["age"] = views.age
@@ -52,7 +53,7 @@ def signin_page(request: Request, status_code: int = 200, message: str = "") -> 
 
 @router.get("/", response_class=HTMLResponse)
 def runs(request: Request, job: str | None = None, state: str | None = None,
-         after: int | None = None) -> HTMLResponse:
+         after: After = None) -> HTMLResponse:
     ledger = _ledger(request)
     try:
         page = ledger.runs_page(job=job or None, state=state or None, limit=50, after=after)
@@ -70,7 +71,7 @@ def _run_context(ledger: Ledger, st: RunStatus) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run(request: Request, run_id: int) -> HTMLResponse:
+def run(request: Request, run_id: RunId) -> HTMLResponse:
     ledger = _ledger(request)
     try:
         st = ledger.status(run_id)
@@ -90,7 +91,7 @@ def run(request: Request, run_id: int) -> HTMLResponse:
 
 
 @router.get("/runs/{run_id}/drift", response_class=HTMLResponse)
-def drift(request: Request, run_id: int) -> HTMLResponse:
+def drift(request: Request, run_id: RunId) -> HTMLResponse:
     try:
         result = _ledger(request).reconcile(run_id, dry_run=True)
     except WorkledgerError as exc:
@@ -99,13 +100,13 @@ def drift(request: Request, run_id: int) -> HTMLResponse:
 
 
 @router.get("/runs/{run_id}/items", response_class=HTMLResponse)
-def items(request: Request, run_id: int, stage: str | None = None, state: str | None = None,
-          key: str | None = None, after: int = 0) -> HTMLResponse:
+def items(request: Request, run_id: RunId, stage: str | None = None, state: str | None = None,
+          key: str | None = None, after: After = None) -> HTMLResponse:
     ledger = _ledger(request)
     try:
         st = ledger.status(run_id)
         rows = ledger.items_page(run_id, stage=stage or None, state=state or None,
-                                 key=key or None, limit=50, after_id=max(after, 0))
+                                 key=key or None, limit=50, after_id=after or 0)
     except WorkledgerError as exc:
         return error_page(request, exc)
     return _page(request, "items.html", st=st, rows=rows, stage=stage or "", state=state or "",
@@ -114,7 +115,7 @@ def items(request: Request, run_id: int, stage: str | None = None, state: str | 
 
 
 @router.get("/runs/{run_id}/items/{stage}/{seq}", response_class=HTMLResponse)
-def item(request: Request, run_id: int, stage: str, seq: int) -> HTMLResponse:
+def item(request: Request, run_id: RunId, stage: str, seq: Seq) -> HTMLResponse:
     ledger = _ledger(request)
     try:
         if ledger.item(run_id, stage, seq) is None:
@@ -159,7 +160,7 @@ def _act(ledger: Ledger, run_id: int, action: str, form: dict[str, str], actor: 
 
 
 @router.post("/runs/{run_id}/do/{action}")
-async def act(request: Request, run_id: int, action: str) -> Response:
+async def act(request: Request, run_id: RunId, action: str) -> Response:
     if action not in ACTIONS:
         return error_page(request, BadInput(f"unknown action {action!r}"))
     form = await _form(request)

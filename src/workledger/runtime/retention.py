@@ -28,6 +28,7 @@ from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsQuery, RunRow, Store
 
 BATCH = 5000
+OPEN = ("pending", "claimed", "unknown")
 PAGE = 100
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -111,6 +112,10 @@ def prune(store: Store, jobs: Mapping[str, Job], older_than: float, *, job: str 
             if run.id in hooks:
                 continue
             counts = store.run_counts(run.id)
+            if any(n for states in counts.values() for state, n in states.items()
+                   if state in OPEN):  # its stored completion is wrong: reconcile will say
+                report.kept.append(run.id)
+                continue
             if dry_run:
                 report.runs.append(run.id)
                 report.items += sum(n for states in counts.values() for n in states.values())
