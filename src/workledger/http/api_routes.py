@@ -43,6 +43,12 @@ router = APIRouter(prefix="/api", responses=ERROR_RESPONSES)
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many")]
 
 
+def reply(value: Any, status_code: int = 200) -> JSONResponse:
+    """The body as built by ``shapes``: returned as a response, so FastAPI does not validate it
+    again against the route's model (the models describe; ``shapes`` builds)."""
+    return JSONResponse(value, status_code=status_code)
+
+
 def ledger_of(request: Request) -> Ledger:
     ledger: Ledger = request.app.state.ledger
     return ledger
@@ -56,24 +62,24 @@ def actor_of(request: Request) -> str:
 @router.get("/runs", response_model=RunsBody)
 def list_runs(request: Request, job: str | None = None, state: str | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 100, after: After = None
-              ) -> dict[str, Any]:
+              ) -> JSONResponse:
     page = ledger_of(request).runs_page(job=job, state=state, limit=limit, after=after)
-    return {"runs": [status_dict(st) for st in page.runs], "next": page.next}
+    return reply({"runs": [status_dict(st) for st in page.runs], "next": page.next})
 
 
 @router.get("/runs/{run_id}", response_model=StatusBody)
-def get_run(request: Request, run_id: RunId) -> dict[str, Any]:
-    return status_dict(ledger_of(request).status(run_id))
+def get_run(request: Request, run_id: RunId) -> JSONResponse:
+    return reply(status_dict(ledger_of(request).status(run_id)))
 
 
 @router.get("/runs/{run_id}/items", response_model=ItemsBody)
 def list_items(request: Request, run_id: RunId, stage: str | None = None,
                state: str | None = None, key: str | None = None, limit: Limit = 100,
-               after: After = None) -> dict[str, Any]:
+               after: After = None) -> JSONResponse:
     rows = ledger_of(request).items_page(run_id, stage=stage, state=state, key=key,
                                          limit=limit, after_id=after or 0)
-    return {"items": [item_dict(r) for r in rows],
-            "next": rows[-1].id if len(rows) == limit else None}
+    return reply({"items": [item_dict(r) for r in rows],
+                 "next": rows[-1].id if len(rows) == limit else None})
 
 
 @router.get("/runs/{run_id}/items/{stage}/{seq}", response_model=HistoryBody)
@@ -81,7 +87,7 @@ def get_item(request: Request, run_id: RunId, stage: str, seq: Seq) -> Any:
     ledger = ledger_of(request)
     if ledger.item(run_id, stage, seq) is None:
         return error_json(404, f"run {run_id} has no item {seq} in stage {stage!r}")
-    return history_dict(ledger.history(run_id, stage, seq))
+    return reply(history_dict(ledger.history(run_id, stage, seq)))
 
 
 @router.post("/jobs/{job}/runs", status_code=201, response_model=SubmissionBody,
@@ -97,39 +103,39 @@ def submit(request: Request, job: str,
     except DecompositionFailed as exc:  # recorded, nothing dispatched: its status says why
         if exc.status is None:
             raise
-        return JSONResponse(submission_dict(exc.run_id, True, exc.status), status_code=201)
-    body = submission_dict(sub.run_id, sub.created, sub.status)
-    return JSONResponse(body, status_code=201 if sub.created else 200)
+        return reply(submission_dict(exc.run_id, True, exc.status), 201)
+    return reply(submission_dict(sub.run_id, sub.created, sub.status),
+                 201 if sub.created else 200)
 
 
-def _status(request: Request, run_id: int) -> dict[str, Any]:
-    return status_dict(ledger_of(request).status(run_id))
+def _status(request: Request, run_id: int) -> JSONResponse:
+    return reply(status_dict(ledger_of(request).status(run_id)))
 
 
 @router.post("/runs/{run_id}/pause", response_model=StatusBody)
 def pause(request: Request, run_id: RunId, body: NoteRequest | None = None
-          ) -> dict[str, Any]:
+          ) -> JSONResponse:
     ledger_of(request).pause(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/resume", response_model=StatusBody)
 def resume(request: Request, run_id: RunId, body: NoteRequest | None = None
-           ) -> dict[str, Any]:
+           ) -> JSONResponse:
     ledger_of(request).resume(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=StatusBody)
 def cancel(request: Request, run_id: RunId, body: NoteRequest | None = None
-           ) -> dict[str, Any]:
+           ) -> JSONResponse:
     ledger_of(request).cancel(run_id, note=(body or NoteRequest()).note, actor=actor_of(request))
     return _status(request, run_id)
 
 
 @router.post("/runs/{run_id}/retry", response_model=StatusBody)
 def retry(request: Request, run_id: RunId, body: RetryRequest | None = None
-          ) -> dict[str, Any]:
+          ) -> JSONResponse:
     b = body or RetryRequest()
     ledger_of(request).retry(run_id, stage=b.stage, seqs=b.items, note=b.note,
                              actor=actor_of(request))
@@ -138,15 +144,15 @@ def retry(request: Request, run_id: RunId, body: RetryRequest | None = None
 
 @router.post("/runs/{run_id}/reconcile", response_model=ReconcileBody)
 def reconcile(request: Request, run_id: RunId, body: ReconcileRequest | None = None
-              ) -> dict[str, Any]:
+              ) -> JSONResponse:
     dry_run = (body or ReconcileRequest()).dry_run
     result = ledger_of(request).reconcile(run_id, dry_run=dry_run, actor=actor_of(request))
-    return reconcile_dict(run_id, result)
+    return reply(reconcile_dict(run_id, result))
 
 
 @router.post("/runs/{run_id}/items/{stage}/{seq}/resolve", response_model=StatusBody)
 def resolve(request: Request, run_id: RunId, stage: str, seq: Seq, body: ResolveRequest
-            ) -> dict[str, Any]:
+            ) -> JSONResponse:
     ledger = ledger_of(request)
     if ledger.item(run_id, stage, seq) is None:
         raise UsageError(f"run {run_id} has no item {seq} in stage {stage!r}")
@@ -157,21 +163,21 @@ def resolve(request: Request, run_id: RunId, stage: str, seq: Seq, body: Resolve
 
 
 @router.get("/audit", response_model=AuditBody)
-def audit(request: Request) -> dict[str, Any]:
+def audit(request: Request) -> JSONResponse:
     findings = ledger_of(request).audit()
-    return {"findings": [finding_dict(f) for f in findings],
-            "needs_person": any(f.needs_person for f in findings)}
+    return reply({"findings": [finding_dict(f) for f in findings],
+                 "needs_person": any(f.needs_person for f in findings)})
 
 
 @router.post("/prune", response_model=PruneBody)
-def prune(request: Request, body: PruneRequest) -> dict[str, Any]:
-    older_than = parse_duration(body.finished_before)
+def prune(request: Request, params: PruneRequest) -> JSONResponse:
+    older_than = parse_duration(params.finished_before)
     ledger = ledger_of(request)
-    if body.export is None:
-        return ledger.prune(older_than, job=body.job, dry_run=body.dry_run).to_dict()
-    with export_file(request, body.export) as out:
-        return ledger.prune(older_than, job=body.job, dry_run=body.dry_run,
-                            export=out).to_dict()
+    if params.export is None:
+        return reply(ledger.prune(older_than, job=params.job, dry_run=params.dry_run).to_dict())
+    with export_file(request, params.export) as out:
+        return reply(ledger.prune(older_than, job=params.job, dry_run=params.dry_run,
+                                 export=out).to_dict())
 
 
 def export_file(request: Request, name: str) -> Any:

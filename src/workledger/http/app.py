@@ -6,7 +6,6 @@ A middleware checks who is asking (``auth.py``) before any route runs.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -15,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workledger.api import Ledger
 from workledger.errors import WorkledgerError
@@ -40,17 +40,16 @@ def wants_html(path: str) -> bool:
     return not path.startswith(("/api/", "/api", "/metrics", "/openapi.json", "/docs"))
 
 
-async def guard(request: Request,
-                call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+def refusal(request: Request) -> Response | None:
     """Same origin for a browser's POST, then a known token (unless none is configured),
-    then write access for anything but a read."""
+    then write access for anything but a read: the response that refuses, or None."""
     path = request.url.path
     if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(
             request.headers.get("origin"), request.headers.get("sec-fetch-site"),
             request.headers.get("host")):
         return errors.error_json(403, "refused: a POST from another origin")
     if path in NO_TOKEN_NEEDED or path.startswith("/static/"):
-        return await call_next(request)
+        return None
     tokens: Tokens = request.app.state.tokens
     principal = tokens.who(_token(request)) if tokens.required else OPEN
     if principal is None:
@@ -60,7 +59,23 @@ async def guard(request: Request,
     if request.method not in ("GET", "HEAD") and not principal.can_write:
         return errors.error_json(403, f"token {principal.name!r} may only read")
     request.state.principal = principal
-    return await call_next(request)
+    return None
+
+
+class Guard:
+    """Checks every HTTP request before any route (a plain ASGI middleware: cheaper per
+    request than starlette's BaseHTTPMiddleware, which matters under many clients)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = refusal(Request(scope))
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(ledger: Ledger, tokens: Tokens | None = None,
@@ -75,7 +90,7 @@ def create_app(ledger: Ledger, tokens: Tokens | None = None,
     app.state.export_dir = export_dir
     app.state.where = ledger.where
     app.state.registry = registry_for(ledger)
-    app.middleware("http")(guard)
+    app.add_middleware(Guard)
     app.add_exception_handler(WorkledgerError, errors.on_workledger_error)
     app.add_exception_handler(RequestValidationError, errors.on_validation_error)
     app.add_exception_handler(HTTPException, errors.on_http_error)

@@ -78,16 +78,26 @@ def run(request: Request, run_id: RunId) -> HTMLResponse:
         context = _run_context(ledger, st)
         if request.headers.get("hx-request") == "true":
             return _page(request, "_run_live.html", **context)
-        skipped = any(c.get("skipped") for c in st.counts.values())
         context.update(
             unknown=ledger.items_page(run_id, state="unknown", limit=20),
             failed=ledger.items_page(run_id, state="failed", limit=20),
             failures=ledger.reasons(run_id, "failed"),
-            skips=ledger.reasons(run_id, "skipped") if skipped else [],
+            skipped=sum(c.get("skipped", 0) for c in st.counts.values()),
             paused=st.state == "paused")
     except WorkledgerError as exc:
         return error_page(request, exc)
     return _page(request, "run.html", **context)
+
+
+@router.get("/runs/{run_id}/skips", response_class=HTMLResponse)
+def skips(request: Request, run_id: RunId) -> HTMLResponse:
+    """Skips by reason: no index holds skipped items, so this walks the run until it has found
+    them; the run page loads it after itself instead of waiting for it."""
+    try:
+        groups = _ledger(request).reasons(run_id, "skipped")
+    except WorkledgerError as exc:
+        return error_page(request, exc)
+    return _page(request, "_skips.html", run_id=run_id, skips=groups)
 
 
 @router.get("/runs/{run_id}/drift", response_class=HTMLResponse)

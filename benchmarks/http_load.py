@@ -1,0 +1,190 @@
+"""HTTP load: concurrent API clients against ``workledger serve`` over a ledger holding a run of
+1,000,000 items. Reports requests, p50, p99 and errors per route; asserts nothing.
+
+Per backend it builds the ledger (SQLite file, or a fresh PostgreSQL database), submits one
+run of ``--items`` items (one in 5,000 skipped at decomposition, one in 1,000 failing), lets a
+worker process ``--processed`` of them, starts ``workledger serve`` on a free loopback port,
+and runs ``--clients`` concurrent clients for ``--seconds``. Each client loops over the routes
+(no think time, a closed loop: the harshest reading of "50 concurrent clients"). Clients and
+server share this machine's cores.
+
+    .venv/bin/python benchmarks/http_load.py                     # 1,000,000 items, both backends
+    .venv/bin/python benchmarks/http_load.py --items 20000 --seconds 5 --backend sqlite   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workledger import Item, Ledger, Permanent, Skip
+
+ROUTES = {  # name: (path with {run}, headers)
+    "api run status": ("/api/runs/{run}", {}),
+    "run page": ("/runs/{run}", {}),
+    "run page, live part": ("/runs/{run}", {"HX-Request": "true"}),
+    "metrics": ("/metrics", {}),
+    "api runs list": ("/api/runs?limit=20", {}),
+    "api failed items": ("/api/runs/{run}/items?state=failed&limit=50", {}),
+    "skips by reason": ("/runs/{run}/skips", {}),
+}
+
+
+def build_ledger(url: str, items: int, processed: int) -> int:
+    """The run, with ``processed`` of its items worked (``items`` in total)."""
+    ledger = Ledger(url)
+    job = ledger.job("load", batch_size=20_000)
+
+    @job.decompose
+    def split(payload: dict[str, Any]) -> Iterator[Item | Skip]:
+        for i in range(payload["n"]):
+            if i % 5000 == 4999:
+                yield Skip(key=f"k{i}", reason="no address")
+            else:
+                yield Item(key=f"k{i}")
+
+    @job.stage("work", idempotent=True)
+    def work(item: Any, ctx: Any) -> None:
+        if item.seq % 1000 == 999:
+            raise Permanent("refused by the remote side")
+
+    started = time.monotonic()
+    run_id = ledger.submit("load", {"n": items}, key=f"load-{items}").run_id
+    print(f"  decomposed {items:,} items in {time.monotonic() - started:.1f} s", flush=True)
+    started = time.monotonic()
+    worker = ledger.worker(concurrency=4, chunk=500,
+                           on_progress=lambda r: worker.stop() if r.claimed >= processed
+                           else None)
+    worker.run()
+    st = ledger.status(run_id)
+    print(f"  worked {st.processed + st.failed:,} items in {time.monotonic() - started:.1f} s:"
+          f" {st.state}, {st.counts}", flush=True)
+    ledger.close()
+    return run_id
+
+
+@contextmanager
+def database(backend: str, args: argparse.Namespace) -> Iterator[str]:
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(dir=args.tmpdir) as folder:
+            yield f"sqlite:///{folder}/load.db"
+        return
+    import psycopg
+
+    name = f"wl_http_load_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.pg_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield args.pg_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(args.pg_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def server(url: str) -> Iterator[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKLEDGER_")}
+    proc = subprocess.Popen([sys.executable, "-m", "workledger.cli", "--db", url, "serve",
+                             "--port", "0"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().split()[2]
+        yield address.rstrip("/")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+async def client(base: str, run_id: int, until: float, offset: int,
+                 seen: dict[str, list[float]], errors: dict[str, int]) -> None:
+    names = list(ROUTES)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        i = offset
+        while time.monotonic() < until:
+            name = names[i % len(names)]
+            path, headers = ROUTES[name]
+            started = time.perf_counter()
+            try:
+                got = await http.get(path.format(run=run_id), headers=headers)
+                ok = got.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            seen[name].append(time.perf_counter() - started)
+            if not ok:
+                errors[name] += 1
+            i += 1
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def load(base: str, run_id: int, clients: int, seconds: float) -> dict[str, dict[str, Any]]:
+    seen: dict[str, list[float]] = {name: [] for name in ROUTES}
+    errors = dict.fromkeys(ROUTES, 0)
+    until = time.monotonic() + seconds
+
+    async def everyone() -> None:
+        await asyncio.gather(*(client(base, run_id, until, n, seen, errors)
+                               for n in range(clients)))
+
+    asyncio.run(everyone())
+    return {name: {"requests": len(v), "p50_ms": 1000 * percentile(v, 50),
+                   "p99_ms": 1000 * percentile(v, 99), "max_ms": 1000 * max(v),
+                   "errors": errors[name]} for name, v in seen.items() if v}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--processed", type=int, default=None,
+                        help="items a worker processes first (default: a third)")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--pg-url", default=os.environ.get(
+        "WORKLEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--tmpdir", default=None, help="where the SQLite file goes")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    processed = args.processed if args.processed is not None else args.items // 3
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    results: dict[str, Any] = {}
+    for backend in backends:
+        print(f"{backend}: building a run of {args.items:,} items", flush=True)
+        with database(backend, args) as url:
+            run_id = build_ledger(url, args.items, processed)
+            with server(url) as base:
+                print(f"  {args.clients} clients for {args.seconds:g} s against {base}",
+                      flush=True)
+                results[backend] = load(base, run_id, args.clients, args.seconds)
+    print(f"\nworkledger serve under load: {args.clients} clients, {args.seconds:g} s, "
+          f"a run of {args.items:,} items\n")
+    print(f"{'backend':<9} {'route':<22} {'requests':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'max ms':>8} {'errors':>7}")
+    for backend, routes in results.items():
+        for name, r in routes.items():
+            print(f"{backend:<9} {name:<22} {r['requests']:>9,} {r['p50_ms']:>8.1f} "
+                  f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['errors']:>7}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"args": vars(args), "results": results},
+                                                   indent=2))
+
+
+if __name__ == "__main__":
+    main()
