@@ -5,8 +5,9 @@ Per backend it builds the ledger (SQLite file, or a fresh PostgreSQL database), 
 run of ``--items`` items (one in 5,000 skipped at decomposition, one in 1,000 failing), lets a
 worker process ``--processed`` of them, starts ``workledger serve`` on a free loopback port,
 and runs ``--clients`` concurrent clients for ``--seconds``. Each client loops over the routes
-(no think time, a closed loop: the harshest reading of "50 concurrent clients"). Clients and
-server share this machine's cores.
+(``--pace 0``, the default: no think time, a closed loop, the harshest reading of "50
+concurrent clients"; ``--pace 2`` sends one request per client every 2 seconds, like a
+dashboard polling). Clients and server share this machine's cores.
 
     .venv/bin/python benchmarks/http_load.py                     # 1,000,000 items, both backends
     .venv/bin/python benchmarks/http_load.py --items 20000 --seconds 5 --backend sqlite   # quick
@@ -95,6 +96,18 @@ def database(backend: str, args: argparse.Namespace) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def settle(url: str) -> None:
+    """VACUUM ANALYZE, as autovacuum does within a minute or so of a bulk load. Without it the
+    planner still believes the tables empty and walks the run for some reads (see
+    benchmarks/README.md, "HTTP load")."""
+    import psycopg
+
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    print(f"  VACUUM ANALYZE in {time.monotonic() - started:.1f} s", flush=True)
+
+
 @contextmanager
 def server(url: str) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKLEDGER_")}
@@ -109,7 +122,7 @@ def server(url: str) -> Iterator[str]:
         proc.wait(timeout=60)
 
 
-async def client(base: str, run_id: int, until: float, offset: int,
+async def client(base: str, run_id: int, until: float, offset: int, pace: float,
                  seen: dict[str, list[float]], errors: dict[str, int]) -> None:
     names = list(ROUTES)
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
@@ -127,6 +140,8 @@ async def client(base: str, run_id: int, until: float, offset: int,
             if not ok:
                 errors[name] += 1
             i += 1
+            if pace:  # one request per `pace` seconds per client, like a polling dashboard
+                await asyncio.sleep(max(0.0, pace - (time.perf_counter() - started)))
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -134,13 +149,14 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def load(base: str, run_id: int, clients: int, seconds: float) -> dict[str, dict[str, Any]]:
+def load(base: str, run_id: int, clients: int, seconds: float,
+         pace: float) -> dict[str, dict[str, Any]]:
     seen: dict[str, list[float]] = {name: [] for name in ROUTES}
     errors = dict.fromkeys(ROUTES, 0)
     until = time.monotonic() + seconds
 
     async def everyone() -> None:
-        await asyncio.gather(*(client(base, run_id, until, n, seen, errors)
+        await asyncio.gather(*(client(base, run_id, until, n, pace, seen, errors)
                                for n in range(clients)))
 
     asyncio.run(everyone())
@@ -157,9 +173,16 @@ def main() -> None:
                         help="items a worker processes first (default: a third)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--pace", type=float, nargs="+", default=[0.0],
+                        help="seconds between one client's requests; 0: a closed loop (each "
+                             "client sends its next request as soon as it has an answer); "
+                             "several values run one after the other")
     parser.add_argument("--pg-url", default=os.environ.get(
         "WORKLEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--tmpdir", default=None, help="where the SQLite file goes")
+    parser.add_argument("--no-analyze", action="store_true",
+                        help="PostgreSQL: serve right after the bulk load, before any VACUUM "
+                             "ANALYZE (statistics still say the tables are empty)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     processed = args.processed if args.processed is not None else args.items // 3
@@ -169,18 +192,25 @@ def main() -> None:
         print(f"{backend}: building a run of {args.items:,} items", flush=True)
         with database(backend, args) as url:
             run_id = build_ledger(url, args.items, processed)
+            if backend == "postgres" and not args.no_analyze:
+                settle(url)
             with server(url) as base:
-                print(f"  {args.clients} clients for {args.seconds:g} s against {base}",
-                      flush=True)
-                results[backend] = load(base, run_id, args.clients, args.seconds)
+                for pace in args.pace:
+                    mode = "closed loop" if not pace else f"one request per {pace:g} s each"
+                    print(f"  {args.clients} clients, {mode}, for {args.seconds:g} s "
+                          f"against {base}", flush=True)
+                    results[f"{backend} {mode}"] = load(base, run_id, args.clients,
+                                                        args.seconds, pace)
     print(f"\nworkledger serve under load: {args.clients} clients, {args.seconds:g} s, "
           f"a run of {args.items:,} items\n")
-    print(f"{'backend':<9} {'route':<22} {'requests':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'errors':>7}")
-    for backend, routes in results.items():
+    for mode, routes in results.items():
+        total = sum(r["requests"] for r in routes.values())
+        print(f"{mode}: {total / args.seconds:,.0f} requests/s")
+        print(f"  {'route':<22} {'requests':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+              f"{'errors':>7}")
         for name, r in routes.items():
-            print(f"{backend:<9} {name:<22} {r['requests']:>9,} {r['p50_ms']:>8.1f} "
-                  f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['errors']:>7}")
+            print(f"  {name:<22} {r['requests']:>9,} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+                  f"{r['max_ms']:>8.1f} {r['errors']:>7}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"args": vars(args), "results": results},
                                                    indent=2))

@@ -227,3 +227,18 @@ def test_concurrent_clients_get_correct_bodies_and_no_error(db_url: str) -> None
         for t in threads:
             t.join()
         assert problems == []
+
+
+def test_skips_by_reason_follow_new_skips(db_url: str) -> None:
+    """Grouping skips walks the run, so the facade keeps the groups while the run's count of
+    skipped items stays the same (nothing leaves ``skipped``); a new skip is seen at once."""
+    with client_for(db_url) as (client, ledger):
+        submit(client, "numbers", {"n": 5, "skip": [0, 1]}, "k")
+        first = client.get("/runs/1/skips")
+        assert "unwanted number" in first.text and "cancelled" not in first.text
+        assert [(g.reason, g.n) for g in ledger.reasons(1, "skipped")] == [
+            ("unwanted number", 2)]
+        client.post("/api/runs/1/cancel")
+        assert [(g.reason, g.n) for g in ledger.reasons(1, "skipped")] == [
+            ("cancelled", 3), ("unwanted number", 2)]
+        assert "cancelled" in client.get("/runs/1/skips").text

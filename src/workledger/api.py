@@ -83,6 +83,7 @@ class Ledger:
         self.rng = random.Random(seed)
         self._store: Store | None = None
         self._lock = threading.Lock()
+        self._skips: dict[tuple[int, int, int], tuple[int, list[ReasonGroup]]] = {}
 
     # -- database --------------------------------------------------------------------------
 
@@ -359,7 +360,23 @@ class Ledger:
         stage and reason, largest group first."""
         if state not in ("failed", "skipped", "unknown"):
             raise BadInput(f"reasons are kept for failed, skipped and unknown items, not {state}")
-        return self.store.run_reasons(run_id, state, window, groups)
+        if state != "skipped":  # through the attention index: cheap
+            return self.store.run_reasons(run_id, state, window, groups)
+        # No index holds skipped items, so grouping them walks the run. But nothing leaves
+        # `skipped` and its reason never changes: while the run's count of skipped items is
+        # the same, so are the groups, and they are kept for the next reader.
+        skipped = sum(c.get("skipped", 0) for c in self.store.run_counts(run_id).values())
+        key = (run_id, window, groups)
+        with self._lock:
+            kept = self._skips.get(key)
+        if kept is not None and kept[0] == skipped:
+            return kept[1]
+        found = self.store.run_reasons(run_id, state, window, groups)
+        with self._lock:
+            if len(self._skips) >= 256:
+                self._skips.pop(next(iter(self._skips)))
+            self._skips[key] = (skipped, found)
+        return found
 
     def metrics(self) -> MetricsSnapshot:
         """What ``/metrics`` reports: cheap at any number of items (runtime/overview.py)."""

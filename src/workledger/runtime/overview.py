@@ -3,7 +3,8 @@
 :func:`metrics_snapshot` is what ``/metrics`` reports at each scrape. It is built to stay cheap
 however many items the ledger holds: complete runs are counted in a few groups by SQL, open
 runs are derived one by one from their counters (a few rows each), the age of waiting work
-walks at most ``window`` entries of the claim index per open run, and the ledger-wide counts
+reads the pending items among ``window`` ids from each open run's first pending item (one
+step down the claim index, then a bounded id range), and the ledger-wide counts
 walk only the partial indexes of claimed, failed and unknown items.
 """
 
@@ -18,7 +19,7 @@ from workledger.runtime.jobs import Job
 from workledger.runtime.status import status_of
 from workledger.storage.port import Attention, FinishedRuns, Store
 
-# How many of the pending items that workers claim next are looked at for their age.
+# How many ids from a run's first pending item (the next claimed) are looked at for ages.
 HEAD_WINDOW = 1000
 
 

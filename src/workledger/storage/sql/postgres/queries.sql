@@ -372,11 +372,15 @@ WHERE r.completed_at IS NULL AND c.n <> 0
 GROUP BY r.job, c.stage, c.state ORDER BY 1, 2, 3;
 
 -- name: pending_heads
--- The age in seconds of the oldest of the next %(window)s pending items of a run (those
--- workers claim next), per stage: it walks at most that many entries of the claim index.
+-- The age in seconds of the oldest pending item per stage among the %(window)s ids from the
+-- run's first pending item (the one workers claim next): bounded by an id range, whatever
+-- plan stale statistics give (min(id) is one step down the claim index).
 SELECT stage, EXTRACT(EPOCH FROM now() - min(updated_at))::float8 AS age
-FROM (SELECT stage, updated_at FROM wl_items
-      WHERE run_id = %(run_id)s AND state = 'pending' ORDER BY id LIMIT %(window)s) AS h
+FROM wl_items
+WHERE run_id = %(run_id)s AND state = 'pending'
+  AND id >= (SELECT min(id) FROM wl_items WHERE run_id = %(run_id)s AND state = 'pending')
+  AND id < (SELECT min(id) FROM wl_items WHERE run_id = %(run_id)s AND state = 'pending')
+           + %(window)s
 GROUP BY stage ORDER BY stage;
 
 -- name: attention_totals
@@ -386,9 +390,10 @@ SELECT
     (SELECT count(*) FROM wl_items WHERE state IN ('failed', 'unknown') AND state = 'failed');
 
 -- name: run_attention
--- A run's failed or unknown items through the attention index (never a walk of the run).
+-- A run's failed or unknown items through the attention index (never a walk of the run):
+-- `run_id + 0` keeps the planner off the run's unique index, which stale statistics favour.
 SELECT * FROM wl_items
-WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id = %(run_id)s
+WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id + 0 = %(run_id)s
   AND id > %(after_id)s AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
 ORDER BY id LIMIT %(limit)s;
 
@@ -396,7 +401,7 @@ ORDER BY id LIMIT %(limit)s;
 -- Why a run's items failed (or are unknown): the first %(window)s of them, grouped by reason.
 SELECT stage, error, count(*) AS n, min(seq) AS first_seq
 FROM (SELECT stage, error, seq FROM wl_items
-      WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id = %(run_id)s
+      WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id + 0 = %(run_id)s
       ORDER BY id LIMIT %(window)s) AS a
 GROUP BY stage, error ORDER BY n DESC, stage, error LIMIT %(groups)s;
 

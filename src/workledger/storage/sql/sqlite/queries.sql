@@ -348,11 +348,14 @@ WHERE r.completed_at IS NULL AND c.n <> 0
 GROUP BY r.job, c.stage, c.state ORDER BY 1, 2, 3;
 
 -- name: pending_heads
--- The age in seconds of the oldest of the next :window pending items of a run (those workers
--- claim next), per stage: it walks at most :window entries of the claim index.
+-- The age in seconds of the oldest pending item per stage among the :window ids from the run's
+-- first pending item (the one workers claim next): bounded by an id range, never the run.
 SELECT stage, (julianday('now') - julianday(min(updated_at))) * 86400.0 AS age
-FROM (SELECT stage, updated_at FROM wl_items INDEXED BY wl_items_claimable
-      WHERE run_id = :run_id AND state = 'pending' ORDER BY id LIMIT :window) AS h
+FROM wl_items INDEXED BY wl_items_claimable, (
+    SELECT min(id) AS id FROM wl_items INDEXED BY wl_items_claimable
+    WHERE run_id = :run_id AND state = 'pending') AS head
+WHERE run_id = :run_id AND state = 'pending'
+  AND wl_items.id >= head.id AND wl_items.id < head.id + :window
 GROUP BY stage ORDER BY stage;
 
 -- name: attention_totals
