@@ -190,3 +190,21 @@ def test_prune_over_http_with_the_same_parameters(ledger: Ledger, db_url: str,
     without = TestClient(create_app(ledger))
     refused = without.post("/api/prune", json={"finished_before": "1d", "export": "a.jsonl"})
     assert refused.status_code == 400 and "--export-dir" in refused.json()["error"]
+
+
+def test_serve_prune_after_prunes_at_start_and_then_daily(ledger: Ledger, db_url: str) -> None:
+    from web_support import wait_for
+
+    from workledger.http.server import DailyPrune
+
+    ledger.submit("numbers", {"n": 2}, key="old")
+    ledger.work(until_idle=True)
+    age(db_url, 1)
+    pruner = DailyPrune(ledger, MONTH)
+    pruner.start()
+    try:
+        wait_for(lambda: ledger.runs() == [], what="the first prune")
+    finally:
+        pruner.stopped.set()
+        pruner.join(timeout=30)
+    assert not pruner.is_alive() and rows_of(db_url, 1) == (0, 0, 0)
