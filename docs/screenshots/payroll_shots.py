@@ -34,9 +34,12 @@ def main() -> None:
             for path, name in (("", "payroll-runs"), ("runs/1", "payroll-run"),
                                ("audit", "payroll-audit")):
                 page.goto(url + path)
+                if path.startswith("runs/"):  # the skips load after the page
+                    page.wait_for_selector("table.skips")
                 page.screenshot(path=str(HERE / f"{name}.png"), full_page=True)
             phone = browser.new_page(viewport={"width": 390, "height": 844})
             phone.goto(url + "runs/1")
+            phone.wait_for_selector("table.skips")
             phone.screenshot(path=str(HERE / "payroll-run-phone.png"), full_page=True)
             browser.close()
     finally:
