@@ -15,11 +15,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 demo: $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,web]'
 	$(BIN)/workledger demo payroll
 
 test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,web]'
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy

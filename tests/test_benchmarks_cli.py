@@ -51,3 +51,16 @@ def test_a_tiny_sqlite_run_prints_workledger_next_to_raw(tmp_path: Path) -> None
     assert {(s["system"], s["phase"]) for s in samples} == {
         ("workledger", "decompose"), ("workledger", "drain"), ("raw", "decompose"),
         ("raw", "drain")}
+
+
+def test_the_http_load_script_runs_a_tiny_load_without_errors(tmp_path: Path) -> None:
+    """benchmarks/http_load.py against a real serve over a small run: every route answers
+    200 (its latencies are reported by the script, never asserted here)."""
+    out = tmp_path / "load.json"
+    done = run("http_load.py", "--items", "3000", "--seconds", "2", "--clients", "4",
+               "--backend", "sqlite", "--tmpdir", str(tmp_path), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    [(mode, routes)] = json.loads(out.read_text())["results"].items()
+    assert mode == "sqlite closed loop"
+    assert set(routes) >= {"api run status", "run page", "metrics"}
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in routes.values()), routes

@@ -4,7 +4,8 @@ Every ``import`` in ``src/workledger`` counts, at module level or inside a funct
 those under ``if TYPE_CHECKING:``. The rules: no module imports itself back through others
 (no cycle); the pure core imports nothing outside the standard library and itself; only
 ``storage`` imports a database driver; the CLI reaches the runtime and the storage only
-through the facade (``workledger.api``); the demos use the public API only.
+through the facade (``workledger.api``), and so does the HTTP layer; the demos use the
+public API only.
 """
 
 from __future__ import annotations
@@ -123,6 +124,18 @@ def test_the_cli_reaches_the_runtime_and_the_storage_only_through_the_facade() -
                        if i.startswith(("workledger.runtime", "workledger.storage",
                                         "workledger.core"))}
             assert reached == set(), name
+
+
+def test_the_http_layer_reaches_the_runtime_and_the_storage_only_through_the_facade() -> None:
+    """Like the CLI: routes, pages, metrics and auth call ``workledger.api``, never below it.
+    (``TYPE_CHECKING`` imports of types are not calls, and are not counted.)"""
+    found = [name for name in modules() if name.startswith("workledger.http")]
+    assert "workledger.http.api_routes" in found
+    for name in found:
+        reached = {i for i in internal_imports(name)
+                   if i.startswith(("workledger.runtime", "workledger.storage",
+                                    "workledger.core"))}
+        assert reached == set(), name
 
 
 def test_the_demos_use_the_public_api_only() -> None:

@@ -10,8 +10,9 @@ import os
 import random
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TextIO
 
 from workledger.core import limits
 from workledger.core.status import CLOSE_STAGE
@@ -24,13 +25,15 @@ from workledger.errors import (
     UnknownRun,
     UsageError,
 )
-from workledger.runtime import inputs, operations
+from workledger.runtime import inputs, operations, overview, retention
 from workledger.runtime.audit import AuditFilter, Finding, audit
 from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
-from workledger.runtime.operations import RESOLVE_TARGETS
+from workledger.runtime.operations import RESOLVE_TARGETS, History
+from workledger.runtime.overview import MetricsSnapshot
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
+from workledger.runtime.retention import PruneReport, parse_duration
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
@@ -41,16 +44,35 @@ from workledger.storage.port import (
     ItemRow,
     ItemsQuery,
     NewRun,
+    ReasonGroup,
     Reconciled,
     RunRow,
+    RunsQuery,
     Store,
 )
 
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime, the storage
 # and the core only through this module (the input limits, masking and showing text).
-__all__ = ["CLOSE_STAGE", "DEFAULT_URL", "RESOLVE_TARGETS", "Finding", "Ledger", "RunStatus",
-           "Submission", "SweepReport", "WorkReport", "Worker", "differences", "limits",
-           "mask_secrets", "masked_url", "since_time", "url_secrets", "visible"]
+__all__ = ["CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS", "RUN_STATES",
+           "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
+           "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
+           "Worker", "differences", "limits", "mask_secrets", "masked_url", "parse_duration",
+           "since_time", "url_secrets", "visible"]
+
+ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
+# Every state core/status.py:derive can give a run.
+RUN_STATES = ("accepted", "running", "paused", "recovery_pending", "awaiting_repair",
+              "completed", "completed_with_failures", "failed", "cancelled")
+ATTENTION_STATES = ("failed", "unknown")  # listed through their own index
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    """Runs, newest first, and the cursor of the next page (None: nothing older)."""
+
+    runs: list[RunStatus]
+    next: int | None
+
 
 
 class Ledger:
@@ -70,6 +92,7 @@ class Ledger:
         self.rng = random.Random(seed)
         self._store: Store | None = None
         self._lock = threading.Lock()
+        self._skips: dict[tuple[int, int, int], tuple[int, list[ReasonGroup]]] = {}
 
     # -- database --------------------------------------------------------------------------
 
@@ -339,6 +362,106 @@ class Ledger:
 
     def _status_of(self, run: RunRow) -> RunStatus:
         return status_of(self.store, run, self.jobs.get(run.job))
+
+    # -- for the HTTP layer and metrics; retention ---------------------------------------------
+
+    def runs_page(self, *, job: str | None = None, state: str | None = None, limit: int = 100,
+                  after: int | None = None) -> RunsPage:
+        """Runs newest first, ids below ``after``; with ``state``, only runs in that derived
+        state. A state is derived, not stored, so a filtered page looks at up to ten pages of
+        runs and may come back short with a ``next`` cursor to go on from."""
+        if state is not None and state not in RUN_STATES:
+            raise BadInput(f"unknown run state {state!r} (one of {', '.join(RUN_STATES)})")
+        if limit < 1 or (after is not None and after < 0):
+            raise BadInput("limit must be at least 1 and the cursor not negative")
+        found: list[RunStatus] = []
+        cursor, scanned = after, 0
+        while True:
+            rows = self.store.runs_page(RunsQuery(job, cursor, limit))
+            for row in rows:
+                cursor, scanned = row.id, scanned + 1
+                st = self._status_of(row)
+                if state is None or st.state == state:
+                    found.append(st)
+                if len(found) == limit or scanned >= limit * 10:
+                    break
+            else:
+                if len(rows) < limit:
+                    return RunsPage(found, None)
+                continue
+            break
+        more = bool(self.store.runs_page(RunsQuery(job, cursor, 1)))
+        return RunsPage(found, cursor if more else None)
+
+    def items_page(self, run_id: int, *, stage: str | None = None, state: str | None = None,
+                   key: str | None = None, limit: int = 100, after_id: int = 0) -> list[ItemRow]:
+        """Like :meth:`items`, and by ``key``; failed and unknown items through their own
+        index, so listing them never walks a run of a million items."""
+        if state is not None and state not in ITEM_STATES:
+            raise BadInput(f"unknown item state {state!r} (one of {', '.join(ITEM_STATES)})")
+        self._run(run_id)
+        query = ItemsQuery(run_id, stage, state, limit, after_id)
+        if key is not None:
+            return self.store.items_by_key(query, key)
+        if state in ATTENTION_STATES:
+            return self.store.run_attention(query)
+        return self.store.items_list(query)
+
+    def item(self, run_id: int, stage: str, seq: int) -> ItemRow | None:
+        self._run(run_id)
+        rows = self.store.items_list(ItemsQuery(run_id, stage, None, 1, 0, seq))
+        return rows[0] if rows else None
+
+    def run_waits(self, run_id: int) -> tuple[int, int]:
+        """(expired leases, retries not yet due) of the run."""
+        self._run(run_id)
+        expired, waiting, _verifying = self.store.run_waits(run_id)
+        return expired, waiting
+
+    def pending_ages(self, run_id: int) -> dict[str, float]:
+        """Per stage, the age in seconds of the oldest of the items workers claim next."""
+        return self.store.pending_heads(run_id, overview.HEAD_WINDOW)
+
+    def reasons(self, run_id: int, state: str, *, window: int = 10_000,
+                groups: int = 50) -> list[ReasonGroup]:
+        """The run's failed, skipped or unknown items (the first ``window``) grouped by
+        stage and reason, largest group first."""
+        if state not in ("failed", "skipped", "unknown"):
+            raise BadInput(f"reasons are kept for failed, skipped and unknown items, not {state}")
+        if state != "skipped":  # through the attention index: cheap
+            return self.store.run_reasons(run_id, state, window, groups)
+        # No index holds skipped items, so grouping them walks the run. But nothing leaves
+        # `skipped` and its reason never changes: while the run's count of skipped items is
+        # the same, so are the groups, and they are kept for the next reader.
+        skipped = sum(c.get("skipped", 0) for c in self.store.run_counts(run_id).values())
+        key = (run_id, window, groups)
+        with self._lock:
+            kept = self._skips.get(key)
+        if kept is not None and kept[0] == skipped:
+            return kept[1]
+        found = self.store.run_reasons(run_id, state, window, groups)
+        with self._lock:
+            if len(self._skips) >= 256:
+                self._skips.pop(next(iter(self._skips)))
+            self._skips[key] = (skipped, found)
+        return found
+
+    def metrics(self) -> MetricsSnapshot:
+        """What ``/metrics`` reports: cheap at any number of items (runtime/overview.py)."""
+        return overview.metrics_snapshot(self.store, self.jobs)
+
+    def ping(self) -> None:
+        """Raise ``DatabaseUnavailable`` (or ``StorageError``) unless the database answers."""
+        self.store.schema_version()
+
+    def prune(self, older_than: float, *, job: str | None = None, dry_run: bool = False,
+              export: TextIO | None = None) -> PruneReport:
+        """Delete runs finished more than ``older_than`` seconds ago, with their items, events
+        and counts, in short batches; ``export``: write them as JSON Lines first."""
+        if older_than < 0:
+            raise BadInput("the cutoff must not be negative")
+        return retention.prune(self.store, self.jobs, older_than, job=job, dry_run=dry_run,
+                               export=export)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import click
 
 from workledger.api import mask_secrets, url_secrets
-from workledger.cli import demo, read, repair, work
+from workledger.cli import demo, read, repair, web, work
 from workledger.cli.output import one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import WorkledgerError
@@ -57,7 +57,7 @@ def cli(ctx: click.Context, db: str | None, app: str | None) -> None:
     ctx.call_on_close(settings.close)
 
 
-for _command in (*work.COMMANDS, *read.COMMANDS, *repair.COMMANDS, demo.demo):
+for _command in (*work.COMMANDS, *read.COMMANDS, *repair.COMMANDS, *web.COMMANDS, demo.demo):
     cli.add_command(_command)
 
 

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from workledger.api import CLOSE_STAGE, Ledger, RunStatus, limits, visible
 from workledger.progress import ITEM_STATES, counts_line, stage_order
+from workledger.shapes import status_dict
 
 __all__ = ["ID", "ITEM_STATES", "LIMIT", "JsonList", "Seconds", "console", "echo_json",
            "one_line", "print_status", "show", "status_dict"]
@@ -90,17 +91,6 @@ class JsonList:
 
     def close(self) -> None:
         click.echo("\n]" if self.count else "[]")
-
-
-STATUS_FIELDS = ("run_id", "job", "key", "state", "total", "complete", "counts", "processed",
-                 "failed", "skipped", "next", "created_at", "decomposed_at", "completed_at",
-                 "error")
-
-
-def status_dict(st: RunStatus) -> dict[str, Any]:
-    """The JSON shape of a run's status: a contract, so new RunStatus fields stay out of it."""
-    values = st.to_dict()
-    return {name: values[name] for name in STATUS_FIELDS}
 
 
 def print_status(ledger: Ledger, st: RunStatus) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 import click
@@ -30,6 +29,7 @@ from workledger.cli.output import (
 )
 from workledger.cli.settings import Settings
 from workledger.progress import watch_run
+from workledger.shapes import item_dict
 
 
 @click.command()
@@ -136,7 +136,7 @@ def items(settings: Settings, run_id: int, stage: str | None, state: str | None,
                             after_id=after if cursor is None else cursor)
 
     shown, last = print_listing(
-        paged(fetch, limit, lambda r: r.id), as_json, asdict,
+        paged(fetch, limit, lambda r: r.id), as_json, item_dict,
         lambda header: Table("id", "stage", "seq", "key", "state", "attempts", "result",
                              "error", show_header=header),
         lambda r: [r.id, r.stage, r.seq, r.key, r.state, r.attempts,

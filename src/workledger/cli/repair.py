@@ -11,10 +11,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, Ledger, differences, limits, since_time, visible
+from workledger.api import RESOLVE_TARGETS, Ledger, limits, since_time, visible
 from workledger.cli.output import ID, JsonList, Seconds, console, echo_json, one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
+from workledger.shapes import finding_dict, history_dict, reconcile_dict
 
 NOTE = click.option("--note", metavar="TEXT", help="Why: recorded with the action in wl_events.")
 JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -144,7 +145,7 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
     not load --app."""
     story = settings.ledger().history(run_id, stage, seq)
     if as_json:
-        echo_json({"item": asdict(story.item), "events": [asdict(e) for e in story.events]})
+        echo_json(history_dict(story))
         return
     i = story.item
     click.echo(f"item {show(i.stage)}/{i.seq} key {show(i.key)} of run {i.run_id}: {i.state}, "
@@ -191,9 +192,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
     out = JsonList() if as_json else None
     checked: list[int] = []
     for rid in [run_id] if run_id is not None else _recent_runs(ledger):
-        result = ledger.reconcile(rid, dry_run=dry_run)
-        diff = {k: {"stored": a, "ledger": b} for k, (a, b) in differences(result).items()}
-        entry = {"run_id": rid, "differences": diff, "repaired": result.repaired}
+        entry = reconcile_dict(rid, ledger.reconcile(rid, dry_run=dry_run))
         if out is not None:
             out.add([entry])
         else:
@@ -243,7 +242,7 @@ def audit(settings: Settings, run_id: int | None, job: str | None, since: str | 
     cutoff = since_time(since) if since is not None else None
     findings = settings.ledger(app=True).audit(run_id=run_id, job=job, since=cutoff)
     if as_json:
-        echo_json([f.to_dict() for f in findings])
+        echo_json([finding_dict(f) for f in findings])
     elif not findings:
         click.echo("nothing stranded")
     else:

@@ -16,9 +16,10 @@ from typing import Any
 import click
 
 from workledger.api import RunStatus, Worker, WorkReport, limits
-from workledger.cli.output import Seconds, echo_json, one_line, show, status_dict
+from workledger.cli.output import Seconds, echo_json, one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageError
+from workledger.shapes import submission_dict
 
 
 @click.command()
@@ -97,11 +98,11 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         sub = ledger.submit(job, value, key=key)
     except DecompositionFailed as exc:
         if as_json and exc.status is not None:
-            echo_json({"run_id": exc.run_id, "created": True, **status_dict(exc.status)})
+            echo_json(submission_dict(exc.run_id, True, exc.status))
         raise DecompositionFailed(f"run {exc.run_id} stays accepted with nothing dispatched: "
                                   f"{exc}", exc.run_id, exc.status) from exc
     if as_json:
-        echo_json({"run_id": sub.run_id, "created": sub.created, **status_dict(sub.status)})
+        echo_json(submission_dict(sub.run_id, sub.created, sub.status))
     else:
         click.echo(submission_line(sub.created, sub.status))
 

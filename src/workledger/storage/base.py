@@ -17,7 +17,8 @@ from workledger.core.states import AWAITING_VERIFY
 from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.errors import UnknownRun
 from workledger.storage import common
-from workledger.storage.dialect import C, Dialect
+from workledger.storage.dialect import C
+from workledger.storage.overview import Overview
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,
@@ -45,7 +46,7 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Dialect[C]):
+class LedgerStore(Overview[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------

@@ -252,6 +252,46 @@ class NewEvent:
     detail: str | None = None  # JSON text
 
 
+@dataclass(frozen=True)
+class RunsQuery:
+    """A page of runs, newest first: ids below ``before`` (a keyset cursor), of ``job``."""
+
+    job: str | None = None
+    before: int | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True)
+class ReasonGroup:
+    """Items of one stage that share one reason (``error``), and the first of them."""
+
+    stage: str
+    reason: str | None
+    n: int
+    first_seq: int
+
+
+@dataclass(frozen=True)
+class FinishedRuns:
+    """Complete runs of a job that share what decides their state: ``n`` of them."""
+
+    job: str
+    cancelled: bool
+    failed: int
+    total: int  # 0 when failed is 0 (it then decides nothing)
+    tolerate: float | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Ledger-wide counts of what waits on the sweeper or a person."""
+
+    expired_leases: int
+    unknown: int
+    failed: int
+
+
 # -- the port -----------------------------------------------------------------------------------
 
 
@@ -306,3 +346,25 @@ class Store(Protocol):
     def events_add(self, events: Sequence[NewEvent]) -> None: ...
     def events_list(self, run_id: int, item_id: int | None = None,
                     kind: str | None = None) -> list[EventRow]: ...
+
+    # -- reads for the HTTP layer and metrics; retention --------------------------------------
+
+    def runs_page(self, query: RunsQuery) -> list[RunRow]: ...  # without payloads
+    def runs_open(self) -> list[RunRow]: ...  # not complete, without payloads
+    def runs_finished_summary(self) -> list[FinishedRuns]: ...
+    def counts_open(self) -> list[tuple[str, str, str, int]]: ...  # (job, stage, state, n)
+    def pending_heads(self, run_id: int, window: int) -> dict[str, float]: ...  # stage: age s
+    def attention_totals(self) -> Attention: ...
+    def run_attention(self, query: ItemsQuery) -> list[ItemRow]: ...  # failed or unknown
+    def run_reasons(self, run_id: int, state: str, window: int, groups: int
+                    ) -> list[ReasonGroup]: ...
+    def items_by_key(self, query: ItemsQuery, key: str) -> list[ItemRow]: ...
+    def events_page(self, run_id: int, after_id: int, limit: int) -> list[EventRow]: ...
+    def runs_prunable(self, cutoff_seconds: float, job: str | None, after_id: int,
+                      limit: int) -> list[RunRow]: ...
+    def run_prune(self, run_id: int, cutoff_seconds: float, with_events: bool) -> bool: ...
+    def items_prune(self, run_id: int, limit: int) -> int: ...
+    def events_prune(self, run_id: int, limit: int) -> int: ...
+    def counts_prune(self, run_id: int) -> None: ...
+    def runs_orphaned(self) -> list[int]: ...
+

@@ -259,7 +259,9 @@ def _report(demo: Demo, created: bool) -> int:
     if demo.url != "sqlite:///workledger.db":
         cmd += f" --db {demo.ledger.where}"
     demo.console.print(f"look closer: {cmd} status {demo.run_id}\n"
-                       f"             {cmd} items {demo.run_id} --state failed", markup=False)
+                       f"             {cmd} items {demo.run_id} --state failed\n"
+                       f"  in a browser: {cmd} serve   (then open the address it prints)",
+                       markup=False)
     return 0
 
 

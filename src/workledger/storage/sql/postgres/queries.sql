@@ -384,3 +384,133 @@ UPDATE wl_runs SET total = %(total)s, processed = %(processed)s, failed = %(fail
     skipped = %(skipped)s,
     completed_at = CASE WHEN %(complete)s::boolean THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s;
+
+-- Reads for the HTTP layer and metrics, and retention (prune). Listings leave the payload out.
+
+-- name: runs_page
+-- A page of runs, newest first, below a keyset cursor.
+SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs
+WHERE id < %(before)s AND (%(job)s::text IS NULL OR job = %(job)s::text)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: runs_open
+-- Runs not complete: metrics derive each one's state.
+SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs WHERE completed_at IS NULL ORDER BY id;
+
+-- name: runs_finished_summary
+-- Complete runs, counted in groups that decide their state (cancelled, failed units against
+-- the tolerance): a few rows however many runs there are.
+SELECT job, cancelled_at IS NOT NULL AS cancelled, failed,
+       CASE WHEN failed = 0 THEN 0 ELSE total END AS total, tolerate, count(*) AS n
+FROM wl_runs WHERE completed_at IS NOT NULL
+GROUP BY job, cancelled_at IS NOT NULL, failed, CASE WHEN failed = 0 THEN 0 ELSE total END,
+         tolerate
+ORDER BY job;
+
+-- name: counts_open
+SELECT r.job, c.stage, c.state, sum(c.n)::bigint AS n
+FROM wl_stage_counts AS c JOIN wl_runs AS r ON r.id = c.run_id
+WHERE r.completed_at IS NULL AND c.n <> 0
+GROUP BY r.job, c.stage, c.state ORDER BY 1, 2, 3;
+
+-- name: pending_heads
+-- The age in seconds of the oldest pending item per stage among the %(window)s ids from the
+-- run's first pending item (the one workers claim next): bounded by an id range, whatever
+-- plan stale statistics give (min(id) is one step down the claim index).
+SELECT stage, EXTRACT(EPOCH FROM now() - min(updated_at))::float8 AS age
+FROM wl_items
+WHERE run_id = %(run_id)s AND state = 'pending'
+  AND id >= (SELECT min(id) FROM wl_items WHERE run_id = %(run_id)s AND state = 'pending')
+  AND id < (SELECT min(id) FROM wl_items WHERE run_id = %(run_id)s AND state = 'pending')
+           + %(window)s
+GROUP BY stage ORDER BY stage;
+
+-- name: attention_totals
+SELECT
+    (SELECT count(*) FROM wl_items WHERE state = 'claimed' AND lease_until < now()),
+    (SELECT count(*) FROM wl_items WHERE state IN ('failed', 'unknown') AND state = 'unknown'),
+    (SELECT count(*) FROM wl_items WHERE state IN ('failed', 'unknown') AND state = 'failed');
+
+-- name: run_attention
+-- A run's failed or unknown items through the attention index (never a walk of the run):
+-- `run_id + 0` keeps the planner off the run's unique index, which stale statistics favour.
+SELECT * FROM wl_items
+WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id + 0 = %(run_id)s
+  AND id > %(after_id)s AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: run_attention_reasons
+-- Why a run's items failed (or are unknown): the first %(window)s of them, grouped by reason.
+SELECT stage, error, count(*) AS n, min(seq) AS first_seq
+FROM (SELECT stage, error, seq FROM wl_items
+      WHERE state IN ('failed', 'unknown') AND state = %(state)s AND run_id + 0 = %(run_id)s
+      ORDER BY id LIMIT %(window)s) AS a
+GROUP BY stage, error ORDER BY n DESC, stage, error LIMIT %(groups)s;
+
+-- name: run_skip_reasons
+-- Why a run's items were skipped: the first %(window)s found, grouped by reason (no index has
+-- skipped items, so this walks the run until it has found them).
+SELECT stage, error, count(*) AS n, min(seq) AS first_seq
+FROM (SELECT stage, error, seq FROM wl_items
+      WHERE run_id = %(run_id)s AND state = 'skipped' LIMIT %(window)s) AS a
+GROUP BY stage, error ORDER BY n DESC, stage, error LIMIT %(groups)s;
+
+-- name: items_by_key
+SELECT * FROM wl_items
+WHERE run_id = %(run_id)s AND key = %(key)s AND id > %(after_id)s
+  AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: events_page
+SELECT * FROM wl_events WHERE run_id = %(run_id)s AND id > %(after_id)s ORDER BY id
+LIMIT %(limit)s;
+
+-- name: runs_prunable
+-- Runs complete (a cancelled run whose items are all terminal is) before the cutoff.
+SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs
+WHERE completed_at IS NOT NULL
+  AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)
+  AND (%(job)s::text IS NULL OR job = %(job)s::text) AND id > %(after_id)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: run_prune
+-- The first step of pruning a run: its row goes, checked again against the cutoff and its
+-- items (none may be pending, claimed or unknown). Its items, events and counts follow.
+DELETE FROM wl_runs
+WHERE id = %(run_id)s AND completed_at IS NOT NULL
+  AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)
+  AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
+                  AND state IN ('pending', 'claimed', 'unknown'))
+RETURNING id;
+
+-- name: items_prune
+-- One bounded batch of a pruned run's items (its run row is gone: nothing else moves them).
+DELETE FROM wl_items
+WHERE id = ANY (ARRAY(SELECT id FROM wl_items WHERE run_id = %(run_id)s LIMIT %(limit)s))
+  AND NOT EXISTS (SELECT 1 FROM wl_runs WHERE id = %(run_id)s)
+RETURNING stage, state;
+
+-- name: events_prune
+DELETE FROM wl_events
+WHERE id = ANY (ARRAY(SELECT id FROM wl_events WHERE run_id = %(run_id)s LIMIT %(limit)s))
+  AND NOT EXISTS (SELECT 1 FROM wl_runs WHERE id = %(run_id)s)
+RETURNING id;
+
+-- name: counts_prune
+-- The last step: the counters of a pruned run once it has no item left. Until then these rows
+-- mark a prune that stopped part-way (runs_orphaned).
+DELETE FROM wl_stage_counts
+WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s)
+  AND NOT EXISTS (SELECT 1 FROM wl_runs WHERE id = %(run_id)s);
+
+-- name: runs_orphaned
+SELECT DISTINCT run_id FROM wl_stage_counts AS c
+WHERE NOT EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = c.run_id)
+ORDER BY run_id;

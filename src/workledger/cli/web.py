@@ -1,0 +1,108 @@
+"""Operating from a browser and keeping the ledger small: serve, prune."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import click
+
+from workledger.api import parse_duration
+from workledger.cli.output import echo_json
+from workledger.cli.settings import Settings
+from workledger.errors import BadInput, UsageError
+
+WEB_EXTRA = "pip install 'workledger[web]'"
+
+
+def _server() -> Any:
+    """The HTTP layer; it needs FastAPI, uvicorn, Jinja2 and prometheus-client (the ``web``
+    extra), which the library itself does not."""
+    try:
+        from workledger.http import load_tokens, server
+    except ImportError as exc:
+        missing = exc.name or "a dependency"
+        raise UsageError(f"serve needs {missing}, which is not installed: {WEB_EXTRA} "
+                         "(make demo does it)") from exc
+    return load_tokens, server
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Beyond loopback only with a token.")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8080, show_default=True,
+              help="Port to listen on (0: any free port, printed).")
+@click.option("--token-file", metavar="PATH",
+              help="Tokens, one 'name:token' (full) or 'name:token:read' (GET only) per line; "
+                   "the name is the actor recorded for its actions. Also WORKLEDGER_TOKEN "
+                   "(actor api) and WORKLEDGER_READ_TOKEN (read only).")
+@click.option("--prune-after", metavar="DURATION",
+              help="Prune runs finished longer ago than this (e.g. 30d), at start and daily.")
+@click.option("--export-dir", metavar="DIR",
+              help="Where POST /api/prune may write its export files.")
+@click.pass_obj
+def serve(settings: Settings, host: str, port: int, token_file: str | None,
+          prune_after: str | None, export_dir: str | None) -> None:
+    """Serve the JSON API (/api), the dashboard (/), /metrics and /healthz over HTTP.
+
+    Prints the address, then serves until SIGINT or SIGTERM. Without a token it listens on
+    loopback only. Jobs for POST /api/jobs/JOB/runs come from --app.
+    """
+    load_tokens, server = _server()
+    older = parse_duration(prune_after) if prune_after is not None else None
+    folder = Path(export_dir) if export_dir is not None else None
+    if folder is not None and not folder.is_dir():
+        raise BadInput(f"--export-dir {export_dir}: no such folder")
+    tokens = load_tokens(token_file)
+    server.check_bind(host, tokens)
+    ledger = settings.ledger()
+    ledger.ping()
+    server.serve(ledger, host=host, port=port, tokens=tokens, prune_after=older,
+                 export_dir=folder,
+                 announce=lambda url: click.echo(f"workledger serve: {url} ({ledger.where})"))
+
+
+@click.command()
+@click.option("--finished-before", "finished_before", required=True, metavar="DURATION",
+              help="Prune runs finished longer ago than this: 30d, 12h, 90m, 45s.")
+@click.option("--job", help="Only runs of this job.")
+@click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
+@click.option("--export", "export", metavar="FILE",
+              help="First append each run, item and event to FILE as JSON Lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def prune(settings: Settings, finished_before: str, job: str | None, dry_run: bool,
+          export: str | None, as_json: bool) -> None:
+    """Delete runs finished before the cutoff with their items, counts and events.
+
+    A run counts as finished when every item is terminal (a cancelled run's are, once its
+    pending items were skipped); a run with unknown items is never pruned. Deletes in short
+    batches, safe while workers run.
+    """
+    older = parse_duration(finished_before)
+    ledger = settings.ledger()
+    with ExitStack() as stack:
+        out = None
+        if export is not None and not dry_run:
+            try:
+                out = stack.enter_context(open(export, "a", encoding="utf-8"))  # noqa: SIM115
+            except OSError as exc:
+                raise BadInput(f"cannot write export file {export}: {exc.strerror}") from exc
+        report = ledger.prune(older, job=job, dry_run=dry_run, export=out)
+    if as_json:
+        echo_json(report.to_dict())
+        return
+    verb = "would prune" if dry_run else "pruned"
+    click.echo(f"{verb} {len(report.runs)} run{'s' if len(report.runs) != 1 else ''}"
+               f" ({report.items} items" + ("" if dry_run else f", {report.events} events")
+               + ")" + (f": {', '.join(map(str, report.runs[:20]))}" if report.runs else "")
+               + (" ..." if len(report.runs) > 20 else ""))
+    if report.resumed:
+        click.echo(f"finished {len(report.resumed)} prune(s) left part-way earlier")
+    if report.kept:
+        click.echo(f"kept {len(report.kept)} run(s) that changed meanwhile: "
+                   + ", ".join(map(str, report.kept)))
+
+
+COMMANDS = (serve, prune)

@@ -1,0 +1,50 @@
+"""``/metrics``: a Prometheus collector that reads the ledger at scrape time.
+
+Labels are jobs, stages and states only, never a run or an item, so the number of series stays
+small however many runs there are. What it reads is bounded (``runtime/overview.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from workledger.api import Ledger
+
+
+class LedgerCollector(Collector):
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.ledger.metrics()
+        runs = GaugeMetricFamily("workledger_runs", "Runs by job and derived state.",
+                                 labels=["job", "state"])
+        for (job, state), n in sorted(snap.runs.items()):
+            runs.add_metric([job, state], n)
+        items = GaugeMetricFamily("workledger_items",
+                                  "Items of runs not complete, by job, stage and state.",
+                                  labels=["job", "stage", "state"])
+        for job, stage, state, n in snap.items:
+            items.add_metric([job, stage, state], n)
+        oldest = GaugeMetricFamily(
+            "workledger_oldest_pending_seconds",
+            "Age of the oldest of the pending items workers claim next, by job and stage.",
+            labels=["job", "stage"])
+        for (job, stage), age in sorted(snap.oldest_pending.items()):
+            oldest.add_metric([job, stage], age)
+        yield from (runs, items, oldest)
+        a = snap.attention
+        yield GaugeMetricFamily("workledger_expired_leases",
+                                "Claimed items whose lease has expired.", value=a.expired_leases)
+        yield GaugeMetricFamily("workledger_unknown_items",
+                                "Items whose outcome is unknown.", value=a.unknown)
+        yield GaugeMetricFamily("workledger_failed_items", "Failed items.", value=a.failed)
+
+
+def registry_for(ledger: Ledger) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector(ledger))
+    return registry

@@ -1,0 +1,170 @@
+"""The schemas of the API's bodies, for ``/openapi.json``. The bodies themselves are built by
+``workledger.shapes`` (the CLI's ``--json``); these only describe them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import Path, Query
+from pydantic import BaseModel, Field
+
+# Ids and seqs are 64-bit in both databases: larger numbers are bad input, not a driver error.
+MAX_ID = 2**63 - 1
+RunId = Annotated[int, Path(ge=0, le=MAX_ID)]
+Seq = Annotated[int, Path(ge=-MAX_ID, le=MAX_ID)]
+After = Annotated[int | None, Query(ge=0, le=MAX_ID,
+                                    description="the cursor from the last page's next")]
+
+
+class StatusBody(BaseModel):
+    """A run's status: exactly ``workledger status --json``."""
+
+    run_id: int
+    job: str
+    key: str
+    state: str
+    total: int
+    complete: bool
+    counts: dict[str, dict[str, int]]
+    processed: int
+    failed: int
+    skipped: int
+    next: str
+    created_at: str
+    decomposed_at: str | None
+    completed_at: str | None
+    error: str | None
+
+
+class SubmissionBody(StatusBody):
+    """``workledger submit --json``."""
+
+    created: bool
+
+
+class RunsBody(BaseModel):
+    runs: list[StatusBody]
+    next: int | None = Field(description="the cursor of the next page (after=...), or null")
+
+
+class ItemBody(BaseModel):
+    """An item: the fields of ``workledger items --json``."""
+
+    id: int
+    run_id: int
+    stage: str
+    seq: int
+    key: str | None
+    data: Any
+    state: str
+    attempts: int
+    lease_until: str | None
+    not_before: str | None
+    lease_token: int | None
+    result: Any
+    error: str | None
+    created_at: str
+    updated_at: str
+    started_at: str | None
+
+
+class ItemsBody(BaseModel):
+    items: list[ItemBody]
+    next: int | None = Field(description="the cursor of the next page (after=...), or null")
+
+
+class EventBody(BaseModel):
+    id: int
+    run_id: int
+    item_id: int | None
+    at: str
+    kind: str
+    lease_token: int | None
+    actor: str | None
+    detail: Any
+
+
+class HistoryBody(BaseModel):
+    """``workledger history --json``."""
+
+    item: ItemBody
+    events: list[EventBody]
+
+
+class FindingBody(BaseModel):
+    kind: str
+    run_id: int
+    since: str
+    path: str
+    needs_person: bool
+    stage: str | None
+    seq: int | None
+    detail: str | None
+    reviewed: str | None = Field(default=None, description="why it does not alert, if so")
+
+
+class AuditBody(BaseModel):
+    findings: list[FindingBody]
+    needs_person: bool
+
+
+class Difference(BaseModel):
+    stored: Any
+    ledger: Any
+
+
+class ReconcileBody(BaseModel):
+    """One entry of ``workledger reconcile --json``."""
+
+    run_id: int
+    differences: dict[str, Difference]
+    repaired: bool
+
+
+class PruneBody(BaseModel):
+    dry_run: bool
+    runs: list[int]
+    items: int
+    events: int
+    resumed: list[int]
+    kept: list[int]
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class NoteRequest(BaseModel):
+    note: str | None = Field(default=None, description="why: recorded with the action")
+
+
+class RetryRequest(NoteRequest):
+    stage: str | None = None
+    items: list[Annotated[int, Field(ge=-MAX_ID, le=MAX_ID)]] | None = Field(
+        default=None, description="seqs; default every failed item")
+
+
+class AckRequest(BaseModel):
+    note: str = Field(min_length=1, description="what was reviewed and decided")
+    stage: str | None = None
+    item: Annotated[int, Field(ge=0, le=MAX_ID)] | None = Field(
+        default=None, description="one item's seq; default every failed item (of the stage)")
+
+
+class AckBody(BaseModel):
+    run_id: int
+    acknowledged: int
+
+
+class ReconcileRequest(BaseModel):
+    dry_run: bool = False
+
+
+class ResolveRequest(NoteRequest):
+    as_state: Literal["processed", "failed", "pending"] = Field(alias="as")
+
+
+class PruneRequest(BaseModel):
+    finished_before: str = Field(description="a duration: runs finished longer ago, e.g. 30d")
+    job: str | None = None
+    dry_run: bool = False
+    export: str | None = Field(default=None, description="a file name in serve's --export-dir")

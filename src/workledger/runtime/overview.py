@@ -1,0 +1,59 @@
+"""What an operator's view reads besides a run's status: the ledger's metrics at a glance.
+
+:func:`metrics_snapshot` is what ``/metrics`` reports at each scrape. It is built to stay cheap
+however many items the ledger holds: complete runs are counted in a few groups by SQL, open
+runs are derived one by one from their counters (a few rows each), the age of waiting work
+reads the pending items among ``window`` ids from each open run's first pending item (one
+step down the claim index, then a bounded id range), and the ledger-wide counts
+walk only the partial indexes of claimed, failed and unknown items.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from workledger.core.status import failures_allowed
+from workledger.runtime.jobs import Job
+from workledger.runtime.status import status_of
+from workledger.storage.port import Attention, FinishedRuns, Store
+
+# How many ids from a run's first pending item (the next claimed) are looked at for ages.
+HEAD_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    runs: dict[tuple[str, str], int]  # (job, derived state): runs
+    items: list[tuple[str, str, str, int]]  # (job, stage, state, n) over runs not complete
+    oldest_pending: dict[tuple[str, str], float]  # (job, stage): seconds
+    attention: Attention = field(default_factory=lambda: Attention(0, 0, 0))
+
+
+def finished_state(group: FinishedRuns, job: Job | None) -> str:
+    """The derived state of a complete run (``core/status.py:derive``, rows 1 and 4-6), from
+    its failed units and the tolerance it was submitted under."""
+    if group.cancelled:
+        return "cancelled"
+    if group.failed == 0:
+        return "completed"
+    tolerate = group.tolerate if group.tolerate is not None else (job.tolerate if job else 0)
+    if group.failed <= failures_allowed(group.total, tolerate):
+        return "completed_with_failures"
+    return "failed"
+
+
+def metrics_snapshot(store: Store, jobs: Mapping[str, Job],
+                     window: int = HEAD_WINDOW) -> MetricsSnapshot:
+    runs: Counter[tuple[str, str]] = Counter()
+    oldest: dict[tuple[str, str], float] = {}
+    for run in store.runs_open():
+        runs[(run.job, status_of(store, run, jobs.get(run.job)).state)] += 1
+        for stage, age in store.pending_heads(run.id, window).items():
+            key = (run.job, stage)
+            oldest[key] = max(age, oldest.get(key, 0.0))
+    for group in store.runs_finished_summary():
+        runs[(group.job, finished_state(group, jobs.get(group.job)))] += group.n
+    return MetricsSnapshot(runs=dict(runs), items=store.counts_open(), oldest_pending=oldest,
+                           attention=store.attention_totals())
