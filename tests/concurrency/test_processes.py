@@ -383,9 +383,9 @@ def test_kill_leaves_unknown_only_what_was_running_in_a_stage_that_is_not_idempo
     items = all_items(ledger, run_id)
     unknown = {ikey(i) for i in items if i.state == "unknown"}
     processed = {ikey(i) for i in items if i.state == "processed"}
-    # every unknown item had started; at most the handlers running at the kill (and those
-    # whose outcome was in the instant between return and write) are unknown
-    assert unknown <= set(started)
+    # every unknown item had started (a handler may die before its effect): at most the
+    # handlers running at the kill, and those whose outcome was being written, are unknown
+    assert all(i.started_at is not None for i in items if i.state == "unknown")
     assert 0 < len(unknown) <= 2 * concurrency, len(unknown)
     # nothing with an effect went back to pending, and nothing ran twice
     assert set(started) <= unknown | processed

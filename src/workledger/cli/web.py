@@ -47,7 +47,8 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None,
     """Serve the JSON API (/api), the dashboard (/), /metrics and /healthz over HTTP.
 
     Prints the address, then serves until SIGINT or SIGTERM. Without a token it listens on
-    loopback only. Jobs for POST /api/jobs/JOB/runs come from --app.
+    loopback only. Jobs for POST /api/jobs/JOB/runs come from --app (loaded); like a worker,
+    it creates the ledger when there is none.
     """
     load_tokens, server = _server()
     older = parse_duration(prune_after) if prune_after is not None else None
@@ -56,7 +57,7 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None,
         raise BadInput(f"--export-dir {export_dir}: no such folder")
     tokens = load_tokens(token_file)
     server.check_bind(host, tokens)
-    ledger = settings.ledger()
+    ledger = settings.ledger(app=True, create=True)  # it takes submissions, like a worker
     ledger.ping()
     server.serve(ledger, host=host, port=port, tokens=tokens, prune_after=older,
                  export_dir=folder,

@@ -19,7 +19,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from workledger.core.status import CLOSE_STAGE
@@ -62,8 +62,8 @@ def _line(out: TextIO, kind: str, row: Any) -> None:
 
 def export_run(store: Store, run: RunRow, out: TextIO) -> None:
     """One line for the run (with its payload), then one per item and per event."""
-    full = store.run_get(run.id) or run
-    _line(out, "run", full)
+    full = store.run_get(run.id) or run  # listings leave the payload out: read it here
+    _line(out, "run", replace(full, payload=store.run_payload(run.id)))
     after = 0
     while items := store.items_list(ItemsQuery(run.id, None, None, BATCH, after)):
         for item in items:
