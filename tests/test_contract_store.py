@@ -453,7 +453,7 @@ def test_paused_run_is_not_claimable_until_resumed(store: Store) -> None:
     assert len(claim(store, run.id)) == 2
 
 
-def test_cancelled_run_is_not_claimable_even_when_an_item_returns_to_pending(
+def test_cancelled_run_is_not_claimable_and_an_item_given_back_is_skipped(
     store: Store,
 ) -> None:
     run = decomposed(store, 3)
@@ -461,8 +461,9 @@ def test_cancelled_run_is_not_claimable_even_when_an_item_returns_to_pending(
     assert store.run_cancel(run.id, "test", None) == 2  # the two pending items
     cancelled = [r for r in rows(store, run.id) if r.id != held.id]
     assert [(r.state, r.error) for r in cancelled] == [("skipped", "cancelled")] * 2
-    assert store.items_release(lease(held)) == 1  # its holder gives it back
-    assert row(store, run.id, held.id).state == "pending"
+    assert store.items_release(lease(held)) == 1  # its holder gives it back: the cancel wins
+    assert (row(store, run.id, held.id).state, row(store, run.id, held.id).error) == (
+        "skipped", "cancelled")
     assert claim(store, run.id) == []
     assert store.runs_claimable([JOB]) == []
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workledger.core.states import Actor, ItemState, move
+from workledger.core.status import CLOSE_STAGE
 from workledger.errors import UsageError
 from workledger.runtime.jobs import Job
 from workledger.storage.port import (
@@ -43,7 +44,9 @@ def retry(
         wanted = set(seqs)
         failed = [i for i in failed if i.seq in wanted]
     settles = [
-        Settle(i.id, _REDRIVE.target, reset_attempts=True, unit_removed="failed",
+        # the closing entry is not a unit: its failure was never on the run's counter
+        Settle(i.id, _REDRIVE.target, reset_attempts=True,
+               unit_removed=None if i.stage == CLOSE_STAGE else "failed",
                event="redriven",
                detail=json.dumps({"previous_attempts": i.attempts, "previous_error": i.error,
                                   "note": note}))

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
+from typing import Any
 
+from workledger.core.status import CLOSE_STAGE
 from workledger.errors import UnknownRun
 from workledger.storage import common
 from workledger.storage.dialect import C, Dialect
@@ -132,16 +134,32 @@ class LedgerStore(Dialect[C]):
                 return -1
             cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
             n = len(cancelled)
-            self._add_skipped(conn, run_id, n)
+            self._add_skipped(conn, run_id, cancelled)
             conn.execute(self.Q["events_add"], common.run_event(run_id, "cancelled", actor,
                                                                 note=note, items=n))
             self._count(conn, run_id, common.Tally.moves((r[1] for r in cancelled),
                                                          "pending", "skipped"))
         return n
 
-    def _add_skipped(self, conn: C, run_id: int, n: int) -> None:
+    def _add_skipped(self, conn: C, run_id: int, cancelled: list[Any]) -> None:
+        """Skipped units for cancelled ``(id, stage)`` rows; the closing entry is not a unit."""
+        n = sum(1 for r in cancelled if r[1] != CLOSE_STAGE)
         conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0, "failed": 0,
                                                "skipped": n}).fetchone()
+
+    def _cancel_wins(self, conn: C, run_id: int, tally: common.Tally,
+                     units: dict[str, int] | None = None) -> None:
+        """Add ``units`` to the run's counters and, if the run was cancelled meanwhile, skip
+        what this transaction left pending in it: a cancel wins over every way back to
+        pending (a retry or a hand-off, a release, an expired lease, a late decomposition)."""
+        row = conn.execute(self.Q["run_add_units"], {
+            "run_id": run_id, **(units or {"processed": 0, "failed": 0, "skipped": 0})}
+        ).fetchone()
+        if row is not None and row["cancelled_at"] is not None:
+            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
+            if cancelled:
+                tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
+                self._add_skipped(conn, run_id, cancelled)
 
     def run_reconcile(
         self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
@@ -188,8 +206,10 @@ class LedgerStore(Dialect[C]):
             present = {r[0] for r in self._tuples(conn, self.Q["items_keys"], {
                 "run_id": params.run_id, "stage": params.stage, **common.seq_range(items)})}
             inserted = self._insert_items(conn, rows)
-            self._count(conn, params.run_id,
-                        common.inserted_tally(params.stage, items, present))
+            tally = common.inserted_tally(params.stage, items, present)
+            if inserted:
+                self._cancel_wins(conn, params.run_id, tally)
+            self._count(conn, params.run_id, tally)
         common.failpoint("decompose.after_batch")
         return inserted
 
@@ -224,8 +244,10 @@ class LedgerStore(Dialect[C]):
         with self._tx() as conn:
             rows = self._tuples(conn, self.Q["items_release"], {
                 "ids": self._list(params.ids), "token": params.lease_token})
-            self._count(conn, params.run_id, common.Tally.moves(
-                (r[0] for r in rows), "claimed", "pending"))
+            tally = common.Tally.moves((r[0] for r in rows), "claimed", "pending")
+            if rows:
+                self._cancel_wins(conn, params.run_id, tally)
+            self._count(conn, params.run_id, tally)
             return len(rows)
 
     def leases_reclaim_expired(self, params: ReclaimParams) -> list[ItemRow]:
@@ -240,6 +262,8 @@ class LedgerStore(Dialect[C]):
                     common.event_params(e) for e in common.reclaim_events(items, params)])
                 tallies = common.reclaim_tallies(items)
                 for run_id in sorted(tallies):
+                    if any(i.run_id == run_id and i.state == "pending" for i in items):
+                        self._cancel_wins(conn, run_id, tallies[run_id])
                     self._count(conn, run_id, tallies[run_id])
                 common.failpoint("reclaim.before_commit")
         if items:
@@ -320,14 +344,7 @@ class LedgerStore(Dialect[C]):
             for (stage,) in self._tuples(conn, self.Q["items_handoff"],
                                          self._handoff_rows(plan.handoffs)):
                 tally.add(stage, "pending")
-        row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **plan.units}).fetchone()
-        if row is not None and row["cancelled_at"] is not None:
-            # the run was cancelled while this chunk ran: a retry or a hand-off must not
-            # leave a pending item behind in it
-            cancelled = self._tuples(conn, self.Q["items_cancel_pending"], {"run_id": run_id})
-            if cancelled:
-                tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
-                self._add_skipped(conn, run_id, len(cancelled))
+        self._cancel_wins(conn, run_id, tally, plan.units)
         if plan.events:
             self._many(conn, self.Q["events_add"], [common.event_params(e) for e in plan.events])
         self._count(conn, run_id, tally)
