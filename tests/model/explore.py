@@ -6,7 +6,8 @@ waiting for a person (check V: no work is left that nobody will do).
 Visited states are kept as their hashes only (hash compaction, as SPIN's bitstate search
 does): a collision could hide a state, never invent a violation, and at a few million states
 of 64-bit hashes one is very unlikely. The path to the current state is on the stack, so a
-violation comes with the steps that lead to it.
+violation comes with the steps that lead to it. States are canonical (:func:`canonical`), so
+two interleavings that reach the same ledger and the same actors' memories meet.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Explored:
 def explore(setup: Setup, limit: int = 10_000_000) -> Explored:
     out = Explored()
     kinds: set[str] = set()
-    start = world.canonical(setup.initial())
+    start = canonical(setup.initial())
     seen = {hash(start)}
     path: list[str] = []
     stack: list[tuple[World, Iterator[Step]]] = [(start, world.successors(setup, start))]
@@ -55,7 +56,7 @@ def explore(setup: Setup, limit: int = 10_000_000) -> Explored:
         stepped[-1] = True
         out.transitions += 1
         out.moves.update(mv[:4] for mv in step.moves)
-        nxt = world.canonical(step.world)
+        nxt = canonical(step.world)
         for v in world.step_violations(w.ledger, step):
             _report(out, kinds, v, [*path, step.label])
         key = hash(nxt)
@@ -103,3 +104,28 @@ def unsettled(setup: Setup, w: World) -> str | None:
                 not any(it.state in TERMINAL | {"unknown"} for it in close):
             return f"run {run}: complete, its closing hook never ran"
     return None
+
+
+# -- canonical states -----------------------------------------------------------------------------
+
+
+def canonical(w: World) -> World:
+    """Tokens renumbered by first use; a token no claimed item carries any more is dead (-1),
+    since nothing it guards can ever match it again; an unclaimed item's token is 0."""
+    names: dict[int, int] = {}
+    for it in w.ledger.items:
+        if it.state == "claimed":
+            names.setdefault(it.token, len(names) + 1)
+
+    def name(t: int) -> int:
+        return names.get(t, -1)
+
+    items = tuple(it._replace(token=name(it.token)) if it.state == "claimed"
+                  else (it._replace(token=0) if it.token else it) for it in w.ledger.items)
+    workers = tuple(wk if wk.run < 0 else wk._replace(
+        token=name(wk.token), outcomes=tuple(f._replace(token=name(f.token))
+                                             for f in wk.outcomes)) for wk in w.workers)
+    workers = tuple(sorted(workers))  # the workers are alike: which is which does not matter
+    closer = w.closer if w.closer.run < 0 else w.closer._replace(token=name(w.closer.token))
+    led = w.ledger._replace(items=items, next_token=len(names) + 1)
+    return w._replace(ledger=led, workers=workers, closer=closer)

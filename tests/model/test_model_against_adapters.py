@@ -34,6 +34,7 @@ from workledger.errors import UsageError
 from workledger.storage import open_store
 
 from . import ledger as m
+from . import settles as rules
 from .adapter import JOBS, Handle, Real, reason_of
 from .ledger import CLOSE, Finish, Ledger
 
@@ -198,15 +199,15 @@ class LedgerAgainstModel(RuleBasedStateMachine):
         for i, it in enumerate(self.model.items):
             if it.state == "unknown" and it.reason == "awaiting_verify" and \
                     it.stage in JOBS[self._job(it.run)].verify:
-                self.model, _ = m.verify(self.model, JOBS, i, verdict)
+                self.model, _ = rules.verify(self.model, JOBS, i, verdict)
 
     @rule(hook=st.sampled_from(["processed", "retry", "failed", "skipped"]))
     def close(self, hook: str) -> None:
         self.real.close(hook)
         for run in range(len(self.model.runs)):
-            if not m.to_close(self.model, JOBS, run):
+            if not rules.to_close(self.model, JOBS, run):
                 continue
-            self.model, _ = m.close_insert(self.model, run)
+            self.model, _ = rules.close_insert(self.model, run)
             self.model, token, taken, _ = m.claim(self.model, run, 1, "sweeper")
             if taken and self.model.items[taken[0]].stage == CLOSE:
                 it = self.model.items[taken[0]]
@@ -221,7 +222,7 @@ class LedgerAgainstModel(RuleBasedStateMachine):
     def retry(self, n: int) -> None:
         run = n % len(self.model.runs)
         moved = self.real.retry(self.run_ids[run])
-        self.model, moves = m.retry(self.model, run)
+        self.model, moves = rules.retry(self.model, run)
         assert moved == sum(1 for mv in moves if mv[0] == "redrive")
 
     @precondition(lambda self: any(it.state == "unknown" for it in self.model.items))
@@ -235,7 +236,7 @@ class LedgerAgainstModel(RuleBasedStateMachine):
                                      as_state)
         except UsageError as exc:  # the model says it is unknown: the adapter must agree
             raise AssertionError(f"resolve refused: {exc}") from exc
-        self.model, _ = m.resolve(self.model, JOBS, idx, as_state)
+        self.model, _ = rules.resolve(self.model, JOBS, idx, as_state)
         assert done
 
     @precondition(lambda self: bool(self.model.runs))
@@ -245,10 +246,10 @@ class LedgerAgainstModel(RuleBasedStateMachine):
         run_id = self.run_ids[run]
         if what == "cancel":
             self.store.run_cancel(run_id, "operator", None)
-            self.model, _ = m.cancel(self.model, run)
+            self.model, _ = rules.cancel(self.model, run)
         else:
             self.store.run_set_paused(run_id, what == "pause", "operator", None)
-            self.model = (m.pause if what == "pause" else m.resume)(self.model, run)
+            self.model = (rules.pause if what == "pause" else rules.resume)(self.model, run)
 
     @precondition(lambda self: bool(self.model.runs))
     @rule(n=pick)
@@ -257,11 +258,11 @@ class LedgerAgainstModel(RuleBasedStateMachine):
         found = self.real.reconcile(self.run_ids[run], self._job(run))
         stored = found.stored
         assert (stored.total, stored.processed, stored.failed, stored.skipped,
-                stored.complete) == m.stored(self.model, run)
+                stored.complete) == rules.stored(self.model, run)
         if self.model.runs[run].decomposed:
             d = found.derived
             assert (d.total, d.processed, d.failed, d.skipped, d.complete) == \
-                m.derived(self.model, JOBS, run)
+                rules.derived(self.model, JOBS, run)
         assert dict(found.stored_counts) == dict(found.ledger_counts)
 
     # -- the comparison, after every step ------------------------------------------------------

@@ -9,9 +9,6 @@ lets a lease run out. Faults and the operator are bounded by budgets; otherwise 
 closed. A worker follows ``runtime/worker.py``: suspects (left ``lease_expired``) first, each
 charged before it runs and run alone; then the idempotent stages' items, outcomes written
 together; then the other stages' items, each start recorded with the outcomes so far.
-
-States are canonical (tokens renumbered, a token nobody can match any more forgotten), so two
-interleavings that reach the same ledger and the same actors' memories meet.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import ledger as m
+from . import settles as rules
 from .ledger import CLOSE, SUSPECT, Finish, Job, Ledger
 
 
@@ -242,7 +240,7 @@ def _sweeper(setup: Setup, w: World) -> Iterator[Step]:
         if it.state == "unknown" and it.reason == "awaiting_verify":
             truth = "done" if it.effects else "not_done"
             for verdict in (truth, "unsure"):
-                led2, moves = m.verify(led, setup.jobs, i, verdict)
+                led2, moves = rules.verify(led, setup.jobs, i, verdict)
                 yield Step(f"sweeper verifies {it.stage}/{it.seq}: {verdict}",
                            w._replace(ledger=led2), moves)
     for run, phase in enumerate(w.submitted):
@@ -271,10 +269,10 @@ def _closer(setup: Setup, w: World) -> Iterator[Step]:
                 closer=Closer()), [])
         return
     for run in range(len(led.runs)):
-        if not m.to_close(led, setup.jobs, run):
+        if not rules.to_close(led, setup.jobs, run):
             continue
         if m.find(led, run, CLOSE, 0) is None:
-            led2, moves = m.close_insert(led, run)
+            led2, moves = rules.close_insert(led, run)
             yield Step(f"sweeper inserts the closing entry of {run}", w._replace(ledger=led2),
                        moves)
             continue
@@ -292,19 +290,19 @@ def _operator(setup: Setup, w: World) -> Iterator[Step]:
     led, spent = w.ledger, _spend(w, "operator")
     for run, r in enumerate(led.runs):
         if any(it.run == run and it.state == "failed" for it in led.items):
-            led2, moves = m.retry(led, run)
+            led2, moves = rules.retry(led, run)
             yield Step(f"operator retries {run}", spent._replace(ledger=led2), moves)
         if r.paused:
-            yield Step(f"operator resumes {run}", spent._replace(ledger=m.resume(led, run)), [])
+            yield Step(f"operator resumes {run}", spent._replace(ledger=rules.resume(led, run)), [])
         elif not r.cancelled:
-            yield Step(f"operator pauses {run}", spent._replace(ledger=m.pause(led, run)), [])
+            yield Step(f"operator pauses {run}", spent._replace(ledger=rules.pause(led, run)), [])
         if not r.cancelled:
-            led2, moves = m.cancel(led, run)
+            led2, moves = rules.cancel(led, run)
             yield Step(f"operator cancels {run}", spent._replace(ledger=led2), moves)
     for i, it in enumerate(led.items):
         if it.state == "unknown":  # a careful person: processed only if the effect is there
             for as_state in (("processed",) if it.effects else ("pending", "failed")):
-                led2, moves = m.resolve(led, setup.jobs, i, as_state)
+                led2, moves = rules.resolve(led, setup.jobs, i, as_state)
                 yield Step(f"operator resolves {it.stage}/{it.seq} as {as_state}",
                            spent._replace(ledger=led2), moves)
 
@@ -322,31 +320,6 @@ def _clock(w: World) -> Iterator[Step]:
                        _spend(w, "expiries")._replace(ledger=m.expire(w.ledger, token)), [])
 
 
-# -- canonical states -----------------------------------------------------------------------------
-
-
-def canonical(w: World) -> World:
-    """Tokens renumbered by first use; a token no claimed item carries any more is dead (-1),
-    since nothing it guards can ever match it again; an unclaimed item's token is 0."""
-    names: dict[int, int] = {}
-    for it in w.ledger.items:
-        if it.state == "claimed":
-            names.setdefault(it.token, len(names) + 1)
-
-    def name(t: int) -> int:
-        return names.get(t, -1)
-
-    items = tuple(it._replace(token=name(it.token)) if it.state == "claimed"
-                  else (it._replace(token=0) if it.token else it) for it in w.ledger.items)
-    workers = tuple(wk if wk.run < 0 else wk._replace(
-        token=name(wk.token), outcomes=tuple(f._replace(token=name(f.token))
-                                             for f in wk.outcomes)) for wk in w.workers)
-    workers = tuple(sorted(workers))  # the workers are alike: which is which does not matter
-    closer = w.closer if w.closer.run < 0 else w.closer._replace(token=name(w.closer.token))
-    led = w.ledger._replace(items=items, next_token=len(names) + 1)
-    return w._replace(ledger=led, workers=workers, closer=closer)
-
-
 # -- invariants ------------------------------------------------------------------------------------
 
 
@@ -356,9 +329,9 @@ def state_violations(setup: Setup, w: World) -> list[str]:
     rows = {(it.run, it.stage, it.seq): it for it in led.items}
     for run, r in enumerate(led.runs):
         # an accepted run's total is written when it is marked decomposed (base.py)
-        if r.decomposed and m.stored(led, run) != m.derived(led, setup.jobs, run):
-            found.append(f"R: run {run} stores {m.stored(led, run)}, its items say "
-                         f"{m.derived(led, setup.jobs, run)}")
+        if r.decomposed and rules.stored(led, run) != rules.derived(led, setup.jobs, run):
+            found.append(f"R: run {run} stores {rules.stored(led, run)}, its items say "
+                         f"{rules.derived(led, setup.jobs, run)}")
         job = setup.jobs[r.job]
         if r.decomposed and any((run, job.stages[0], seq) not in rows for seq in range(r.units)):
             found.append(f"L: run {run} is decomposed without all its rows")
