@@ -88,7 +88,8 @@ class Round:
         work = ["worker", "--lease", f"{plan.lease:g}", "--chunk", str(plan.chunk),
                 "--concurrency", str(plan.concurrency)]
         self.worker_slots = [Slot("worker", work) for _ in range(plan.workers)]
-        self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1"])
+        self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1", "--lease",
+                                              f"{plan.lease:g}"])
         self.running = True
 
     # -- what faults.py uses -------------------------------------------------------------------

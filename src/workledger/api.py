@@ -197,9 +197,10 @@ class Ledger:
         return Sweeper(self.store, chosen, self.status, actor=actor, grace=grace, lease=lease,
                        rng=random.Random(self.rng.random()))
 
-    def sweep(self, *, grace: float = 30.0) -> SweepReport:
-        """One sweeper pass: re-decompose, expired leases, verify, closing hooks."""
-        return self.sweeper(grace=grace).sweep()
+    def sweep(self, *, grace: float = 30.0, lease: float = 30.0) -> SweepReport:
+        """One sweeper pass: re-decompose, expired leases, verify, closing hooks (each closing
+        hook run under a lease of ``lease`` seconds, like a worker's items)."""
+        return self.sweeper(grace=grace, lease=lease).sweep()
 
     def retry(self, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
               note: str | None = None, actor: str = "operator") -> int:

@@ -29,14 +29,18 @@ def _needs_app(settings: Settings) -> None:
 @click.command()
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds without decomposition progress before a run is re-decomposed.")
+@click.option("--lease", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True,
+              help="Lease in seconds on a closing hook while it runs (use the workers' lease: "
+                   "if this sweep dies inside a hook, the hook waits that long to run again).")
 @JSON
 @click.pass_obj
-def sweep(settings: Settings, grace: float, as_json: bool) -> None:
+def sweep(settings: Settings, grace: float, lease: float, as_json: bool) -> None:
     """Run one sweeper pass: re-decompose stranded runs, settle expired leases by each stage's
     declaration (idempotent -> pending, verify -> ask, else unknown), ask verify hooks, and run
     closing hooks. Workers also sweep periodically; two sweepers racing do no harm."""
     _needs_app(settings)
-    report = settings.ledger().sweep(grace=grace)
+    report = settings.ledger().sweep(grace=grace, lease=lease)
     if as_json:
         echo_json(asdict(report))
     else:
