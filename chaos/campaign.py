@@ -110,6 +110,8 @@ def report_round(r: RoundResult, backend: str, seed: int) -> None:
     print(f"round {r.number}: {sum(r.faults.values())} faults ({faults}), {r.items} items, "
           f"{r.effects} effects, recovered {recovered} after the last fault, "
           f"{len(r.violations)} violations ({r.seconds:.0f} s)", flush=True)
+    if r.recovery is not None and r.recovery > 15 and r.waited_for:
+        print(f"  recovery waited for: {r.waited_for}", flush=True)
     for v in r.violations:
         print(f"  violation {v}", flush=True)
     if r.violations:
@@ -132,6 +134,7 @@ def summarize(results: list[RoundResult], seed: int, a: argparse.Namespace, seco
     return {
         "backend": a.backend, "seed": seed, "rounds": len(results),
         "kills": sum(faults.values()), "faults": dict(sorted(faults.items())),
+        "process_kills": faults["kill"] + faults["failpoint"],
         "by_role": dict(sorted(roles.items())),
         "failpoints_armed": sum(r.armed for r in results),
         "items": sum(r.items for r in results), "effects": sum(r.effects for r in results),
@@ -152,6 +155,7 @@ def print_table(s: dict[str, Any]) -> None:
     rows = [("backend", s["backend"]), ("seed", str(s["seed"])), ("rounds", str(s["rounds"])),
             ("faults injected", f"{s['kills']:,}")]
     rows += [(f"  {k}", f"{n:,}") for k, n in s["faults"].items()]
+    rows += [("processes killed (kill + failpoint)", f"{s['process_kills']:,}")]
     rows += [("failpoints armed (fired: above)", f"{s['failpoints_armed']:,}"),
              ("items", f"{s['items']:,}"), ("effects", f"{s['effects']:,}"),
              ("  repeated, idempotent stage", f"{s['repeated_effects'].get('idempotent', 0):,}"),

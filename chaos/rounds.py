@@ -61,6 +61,7 @@ class RoundResult:
     seconds: float
     folder: Path
     url: str
+    waited_for: str = ""  # what recovery was still waiting for, last time it looked
     killed_roles: Counter[str] = field(default_factory=Counter)
 
 
@@ -217,6 +218,7 @@ class Round:
                     return max(0.0, now - self.last_fault_end), []
                 if now - getattr(self, "_told", 0.0) >= 2.0:
                     self._told = now
+                    self.waiting_for = "; ".join(stuck[:3])
                     self.log(f"recovering: {'; '.join(stuck[:6])}")
             if now > deadline:
                 return None, stuck
@@ -353,4 +355,5 @@ class Round:
         return RoundResult(self.plan.number, self.faults, self.armed, len(facts.items),
                            view.total_effects, oracle.duplicates(facts, view), violations,
                            recovery, count_errors(self.exits), len(self.procs) + 1, seconds,
-                           self.folder, self.url, self.killed_roles)
+                           self.folder, self.url, getattr(self, "waiting_for", ""),
+                           self.killed_roles)
