@@ -72,7 +72,7 @@ def read_facts(db: Db) -> Facts:
         events[item_id][kind] += n
     counts = {(r[0], r[1], r[2]): int(r[3]) for r in db.rows(
         "SELECT run_id, stage, state, n FROM wl_stage_counts WHERE n <> 0")}
-    return Facts(runs, items, events, counts)  # type: ignore[arg-type]
+    return Facts(runs, items, events, counts)
 
 
 # -- T: terminal is one-way, from snapshots -----------------------------------------------------

@@ -92,6 +92,9 @@ class Round:
         self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1", "--lease",
                                               f"{plan.lease:g}"])
         self.running = True
+        self.t0 = time.monotonic()
+        self.waiting_for = ""  # what recovery still waits for, as last seen
+        self._snapped = self._told = 0.0
 
     # -- what faults.py uses -------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class Round:
 
     def log(self, line: str) -> None:
         """The round's story, in round.log next to its files (kept when a round fails)."""
-        at = time.monotonic() - getattr(self, "t0", time.monotonic())
+        at = time.monotonic() - self.t0
         with open(self.folder / "round.log", "a") as f:
             f.write(f"{at:8.3f} {line}\n")
 
@@ -216,7 +219,7 @@ class Round:
                     stuck = [f"database unreachable: {exc}"]
                 if not stuck:
                     return max(0.0, now - self.last_fault_end), []
-                if now - getattr(self, "_told", 0.0) >= 2.0:
+                if now - self._told >= 2.0:
                     self._told = now
                     self.waiting_for = "; ".join(stuck[:3])
                     self.log(f"recovering: {'; '.join(stuck[:6])}")
@@ -255,7 +258,7 @@ class Round:
         if self.running:
             for slot in [*self.worker_slots, self.sweeper_slot]:
                 self._keep(slot, now)
-        if now - getattr(self, "_snapped", 0.0) >= SNAPSHOT_EVERY:
+        if now - self._snapped >= SNAPSHOT_EVERY:
             self._snapped = now
             try:
                 self.one_way.observe(self.db)
@@ -355,5 +358,5 @@ class Round:
         return RoundResult(self.plan.number, self.faults, self.armed, len(facts.items),
                            view.total_effects, oracle.duplicates(facts, view), violations,
                            recovery, count_errors(self.exits), len(self.procs) + 1, seconds,
-                           self.folder, self.url, getattr(self, "waiting_for", ""),
+                           self.folder, self.url, self.waiting_for,
                            self.killed_roles)
