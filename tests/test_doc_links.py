@@ -1,6 +1,6 @@
 """Every file the documents point at exists, so a reader never follows a reference into nothing.
 
-For README.md, CHANGELOG.md, benchmarks/README.md and every docs/*.md:
+For README.md, CHANGELOG.md, benchmarks/README.md, chaos/README.md and every docs/*.md:
 
 - each relative Markdown link ``[text](path)`` or ``[text](path#anchor)`` names an existing
   file, and its anchor a heading of that file (GitHub's slugs);
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "workledger"
 DOCUMENTS = sorted(
     [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
-     *(ROOT / "docs").glob("*.md")]
+     ROOT / "chaos" / "README.md", *(ROOT / "docs").glob("*.md")]
 )
 
 # Names written as examples, not as files of this repository. Keep this list short: a name

@@ -233,10 +233,11 @@ class Ledger:
         return Sweeper(self.store, chosen, self.status, actor=actor, grace=grace, lease=lease,
                        rng=random.Random(self.rng.random()), backoff=backoff)
 
-    def sweep(self, *, grace: float = 30.0) -> SweepReport:
+    def sweep(self, *, grace: float = 30.0, lease: float = 30.0) -> SweepReport:
         """One sweeper pass now (by hand: a failing decomposer is retried at once, no backoff):
-        re-decompose, expired leases, verify, closing hooks."""
-        return self.sweeper(grace=grace, backoff=0.0).sweep()
+        re-decompose, expired leases, verify, closing hooks (each closing hook run under a
+        lease of ``lease`` seconds, like a worker's items)."""
+        return self.sweeper(grace=grace, lease=lease, backoff=0.0).sweep()
 
     def retry(self, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
               note: str | None = None, actor: str = "operator") -> int:

@@ -25,9 +25,13 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as
 @click.option("--grace", type=Seconds(limits.GRACE_MAX, zero=True), default=30.0,
               show_default=True,
               help="Seconds without decomposition progress before a run is re-decomposed.")
+@click.option("--lease", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True,
+              help="Lease in seconds on a closing hook while it runs (use the workers' lease: "
+                   "if this sweep dies inside a hook, the hook waits that long to run again).")
 @JSON
 @click.pass_obj
-def sweep(settings: Settings, grace: float, as_json: bool) -> None:
+def sweep(settings: Settings, grace: float, lease: float, as_json: bool) -> None:
     """Run one sweeper pass: re-decompose stranded runs, settle expired leases by each stage's
     declaration (idempotent -> pending, verify -> ask, else unknown), ask verify hooks, and run
     closing hooks. Workers also sweep periodically; two sweepers racing do no harm. Needs --app
@@ -37,7 +41,7 @@ def sweep(settings: Settings, grace: float, as_json: bool) -> None:
     if not ledger.jobs:
         raise UsageError("this command needs the job definitions: pass --app module:attribute "
                          "or set WORKLEDGER_APP")
-    report = ledger.sweep(grace=grace)
+    report = ledger.sweep(grace=grace, lease=lease)
     if as_json:
         echo_json(asdict(report))
     else:

@@ -98,8 +98,9 @@ MOVES: tuple[Move, ...] = tuple(
     + _rows("resolve", _U, _P, "items_settle", _OPR)
     + _rows("redrive", _F, _P, "items_settle", _OPR)
     + _rows("cancel", _P, _S, "items_cancel_pending", _OPR)
-    # a finish or settle that lands in a run cancelled meanwhile skips what it left pending
-    + _rows("cancel_late", _P, _S, "items_cancel_pending", _WRK, _SWP, _OPR)
+    # a write that lands in a run cancelled meanwhile and leaves an item pending (a finish, a
+    # settle, a release, a reclaim, a late decomposition batch) skips it in the same transaction
+    + _rows("cancel_late", _P, _S, "items_cancel_pending", _WRK, _SWP, _OPR, _DEC)
 )
 
 PAIRS: frozenset[tuple[ItemState | None, ItemState]] = frozenset(

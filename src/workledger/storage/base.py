@@ -14,7 +14,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from workledger.core.states import AWAITING_VERIFY
-from workledger.core.status import DECOMPOSITION_FAILED
+from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
 from workledger.errors import UnknownRun
 from workledger.storage import common
 from workledger.storage.dialect import C
@@ -167,15 +167,17 @@ class LedgerStore(Overview[C]):
             self._many(conn, self.Q["events_add"], common.cancel_events(run_id, kept, actor))
         if cancelled:
             tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
+            units = sum(1 for r in cancelled if r[1] != CLOSE_STAGE)  # @close is no unit
             conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0,
-                                                   "failed": 0, "skipped": len(cancelled)})
+                                                   "failed": 0, "skipped": units})
         return len(cancelled)
 
     def _skip_if_cancelled(self, conn: C, run_id: int, actor: str, tally: common.Tally,
                            units: dict[str, int] | None = None) -> None:
         """Add ``units`` to the run's counters; if the run was cancelled meanwhile, skip what
-        is pending in it: a retry, a hand-off, a release or a reclaim must not leave a
-        pending item behind in a cancelled run (nothing would ever claim it)."""
+        is pending in it: a cancel wins over every way back to pending (a retry or a hand-off,
+        a release, an expired lease, a late decomposition batch), since nothing would ever
+        claim it in a cancelled run."""
         add = units or {"processed": 0, "failed": 0, "skipped": 0}
         row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **add}).fetchone()
         if row is not None and row["cancelled_at"] is not None:
@@ -226,8 +228,10 @@ class LedgerStore(Overview[C]):
             present = {r[0] for r in self._tuples(conn, self.Q["items_keys"], {
                 "run_id": params.run_id, "stage": params.stage, **common.seq_range(items)})}
             inserted = self._insert_items(conn, rows)
-            self._count(conn, params.run_id,
-                        common.inserted_tally(params.stage, items, present))
+            tally = common.inserted_tally(params.stage, items, present)
+            if inserted:
+                self._skip_if_cancelled(conn, params.run_id, "decomposer", tally)
+            self._count(conn, params.run_id, tally)
         common.failpoint("decompose.after_batch")
         return inserted
 

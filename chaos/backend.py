@@ -1,0 +1,139 @@
+"""Where a round's ledger lives, and the oracle's own way into it.
+
+Each round gets a fresh ledger: a new SQLite file, or a new database on the campaign's private
+PostgreSQL server (pgserver.py). The oracle reads it through :class:`Db`: plain SQL on a
+connection of its own (sqlite3 or psycopg), never through workledger's code.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pgserver import PrivatePostgres
+
+ORACLE_APP = "chaos-oracle"
+
+
+class Unreachable(RuntimeError):
+    """The database cannot be read right now (a PostgreSQL restart in progress)."""
+
+
+class Db:
+    """The oracle's connection. SQL is written with ``%s`` placeholders for both backends."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sqlite = url.startswith("sqlite:///")
+        self._conn: Any = None
+
+    def _connect(self) -> Any:
+        if self.sqlite:
+            conn = sqlite3.connect(self.url[len("sqlite:///"):], timeout=120.0,
+                                   isolation_level=None)
+            return conn
+        sep = "&" if "?" in self.url else "?"
+        return psycopg.connect(f"{self.url}{sep}application_name={ORACLE_APP}",
+                               autocommit=True, connect_timeout=5)
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self.sqlite:
+            sql = sql.replace("%s", "?")
+        for attempt in (1, 2):
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                return [tuple(r) for r in self._conn.execute(sql, tuple(params)).fetchall()]
+            except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+                self.close()
+                if attempt == 2:
+                    raise Unreachable(str(exc).strip().splitlines()[0]) from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - a broken connection may fail to close
+                pass
+            self._conn = None
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    def new_round(self, number: int) -> str:
+        return f"sqlite:///{self.workdir / f'round-{number}' / 'ledger.db'}"
+
+    def drop_round(self, url: str) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(url[len("sqlite:///"):] + suffix).unlink(missing_ok=True)
+
+    def up(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresBackend:
+    """Rounds on a private server: sessions terminated and the server restarted are ours."""
+
+    name = "postgres"
+
+    def __init__(self, workdir: Path, seed: int) -> None:
+        self.workdir = workdir
+        self.tag = f"{seed % 10**8}"
+        self.server = PrivatePostgres()
+        self.server.create()
+        self._down = threading.Event()
+        self._restarting = threading.Lock()
+
+    def new_round(self, number: int) -> str:
+        return self.server.create_database(f"chaos_{self.tag}_{number}")
+
+    def drop_round(self, url: str) -> None:
+        self.server.drop_database(url.rsplit("/", 1)[1])
+
+    def up(self) -> bool:
+        return not self._down.is_set()
+
+    def terminate(self, url: str, mode: str, pick: float) -> int:
+        """``pg_terminate_backend`` on the round database's sessions (not the oracle's)."""
+        database = url.rsplit("/", 1)[1]
+        with psycopg.connect(self.server.url(), autocommit=True, connect_timeout=5) as conn:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name <> %s"
+                " AND pid <> pg_backend_pid() ORDER BY pid", (database, ORACLE_APP))]
+            if mode == "one" and pids:
+                pids = [pids[int(pick * len(pids))]]
+            for pid in pids:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return len(pids)
+
+    def restart(self, mode: str, downtime: float) -> None:
+        """Stop the server (``immediate`` is a crash: recovery from the WAL at start) and start
+        it again after ``downtime``; meant to run in a thread of its own."""
+        with self._restarting:
+            self._down.set()
+            try:
+                self.server.stop(mode)
+                threading.Event().wait(downtime)  # the outage itself, not a wait for anything
+                self.server.start()
+            finally:
+                self._down.clear()
+
+    def ensure_up(self) -> None:
+        with self._restarting:
+            if not self.server.running():
+                self.server.start()
+
+    def close(self) -> None:
+        self.server.remove()

@@ -1,0 +1,107 @@
+"""The chaos campaign's app, loaded by every process of a round with ``--app chaos_app:ledger``.
+
+Two jobs, so that every declaration of a stage is under fire:
+
+- ``relay``: ``prepare`` (idempotent: its effect is keyed by ``ctx.idempotency_key``), then
+  ``deliver`` (not idempotent, with a ``verify`` hook that asks the sink), then a closing hook;
+- ``charge``: one stage ``charge``, not idempotent and without a hook: an item whose holder
+  vanished after it started waits in ``unknown`` for a person.
+
+Every handler records its start, asks the downstream (which refuses while a ``refuse`` fault
+lasts), sleeps a little, records its effect in the sink (sink.py) and returns. Nothing can
+raise after the effect, so a retry never repeats an effect that happened.
+
+The environment says where things are: ``CHAOS_SINK`` (the sink file), ``CHAOS_CONTROL`` (a
+folder: ``refuse_until`` holds a time; each ``hang.*`` file makes one handler hang).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from sink import Sink
+
+from workledger import Item, Ledger, Retry, Skip
+
+SINK = Sink(os.environ.get("CHAOS_SINK", "chaos-sink.db"))
+CONTROL = Path(os.environ.get("CHAOS_CONTROL", "."))
+HANDLER_TIMEOUT = float(os.environ.get("CHAOS_HANDLER_TIMEOUT", "1.5"))
+RETRY = {"max_attempts": 6, "base_delay": 0.2, "max_delay": 1.0}
+HANG_SECONDS = 120.0  # far past any timeout: only the worker's time limit ends it
+
+ledger = Ledger()  # the URL comes from --db
+relay = ledger.job("relay", tolerate=0.5, batch_size=4)
+charge = ledger.job("charge", batch_size=4)
+
+
+def timeouts_supported() -> bool:
+    """Whether this workledger bounds a handler's time (``@job.stage(..., timeout=)``)."""
+    return "timeout" in inspect.signature(type(relay).stage).parameters
+
+
+def _options() -> dict[str, Any]:
+    return {**RETRY, "timeout": HANDLER_TIMEOUT} if timeouts_supported() else dict(RETRY)
+
+
+def refusing() -> bool:
+    try:
+        return time.time() < float((CONTROL / "refuse_until").read_text() or 0)
+    except (OSError, ValueError):
+        return False
+
+
+def _maybe_hang() -> None:
+    """Take one hang token, if any, and hang past the stage's time limit."""
+    for token in sorted(CONTROL.glob("hang.*")):
+        try:
+            token.rename(token.with_name(f"taken.{os.getpid()}.{token.name}"))
+        except OSError:
+            continue  # another handler took it
+        time.sleep(HANG_SECONDS)
+        return
+
+
+def work(item: Any, ctx: Any) -> dict[str, Any]:
+    SINK.start(ctx.idempotency_key, ctx.lease_token, ctx.attempt)
+    if refusing():
+        raise Retry("downstream refuses (chaos)")
+    _maybe_hang()
+    time.sleep(random.uniform(0.02, 0.2))
+    SINK.effect(ctx.idempotency_key, ctx.lease_token, ctx.attempt)
+    time.sleep(random.uniform(0.0, 0.1))
+    return {"token": ctx.lease_token}
+
+
+def split(payload: dict[str, Any]) -> Any:
+    every = int(payload.get("skip_every") or 0)
+    for i in range(int(payload["units"])):
+        if every and i % every == every - 1:
+            yield Skip(reason="chaos: skipped at decomposition", key=f"u{i}")
+        else:
+            yield Item(key=f"u{i}", data={"i": i})
+
+
+def delivered(item: Any, ctx: Any) -> str:
+    """The verify hook: a downstream that is down cannot be asked (the item goes to a person)."""
+    if refusing():
+        raise ConnectionRefusedError("downstream refuses (chaos): cannot tell")
+    return "done" if SINK.has_effect(ctx.idempotency_key) else "not_done"
+
+
+relay.decompose(split)
+relay.stage("prepare", idempotent=True, **_options())(work)
+relay.stage("deliver", after="prepare", verify=delivered, **_options())(work)
+charge.decompose(split)
+charge.stage("charge", **_options())(work)
+
+
+@relay.on_complete(base_delay=0.1)
+def closed(status: Any) -> None:
+    key = f"{status.run_id}/@close/0"
+    SINK.start(key, 0, 0)
+    SINK.effect(key, 0, 0)

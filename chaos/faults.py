@@ -1,0 +1,131 @@
+"""Fault injection: each planned fault (plan.py) done to the round's real processes and server.
+
+``inject`` returns ``"done"``, ``"later"`` (no target right now: try again on the next tick) or
+``"dropped"`` (the fault cannot apply: never counted). A fault is counted when it happens; a
+failpoint counts when its process dies there (rounds.py sees it exit with 137).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from plan import Fault
+
+if TYPE_CHECKING:
+    from processes import Proc
+    from rounds import Round
+
+SEASONED = 1.5  # seconds: a worker needs about that long to start and claim
+
+
+def inject(rnd: Round, fault: Fault, index: int) -> str:
+    outcome = _inject(rnd, fault, index)
+    if outcome != "later":
+        rnd.log(f"fault {index} {fault.kind} {fault.role} {fault.point}:{fault.nth} "
+                f"{fault.mode} {fault.duration:.2f}: {outcome}")
+    return outcome
+
+
+def _inject(rnd: Round, fault: Fault, index: int) -> str:
+    kind = fault.kind
+    if kind == "kill":
+        return _kill(rnd, fault)
+    if kind == "failpoint":
+        return _arm(rnd, fault, index)
+    if kind == "stop":
+        return _stop(rnd, fault)
+    if kind == "refuse":
+        until = time.time() + fault.duration
+        (rnd.control / "refuse_until").write_text(f"{until:.3f}")
+        rnd.counted(kind, time.monotonic() + fault.duration)
+        return "done"
+    if kind == "pg_terminate":
+        return _terminate(rnd, fault)
+    if kind == "pg_restart":
+        return _restart(rnd, fault)
+    if kind == "hang":
+        (rnd.control / f"hang.{index}").write_text("hang")
+        rnd.counted(kind, time.monotonic() + rnd.hang_seconds)
+        return "done"
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def _seasoned(procs: list[Proc]) -> list[Proc]:
+    """Processes up long enough to hold work, when there are any: a process killed while it
+    is still importing its modules tells nothing about the ledger."""
+    now = time.monotonic()
+    return [p for p in procs if now - p.started > SEASONED] or procs
+
+
+def _kill(rnd: Round, fault: Fault) -> str:
+    live = _seasoned(rnd.live(fault.role) or rnd.live("worker"))
+    if not live:
+        return "later"
+    target = live[int(fault.pick * len(live))]
+    target.killed = True
+    rnd.log(f"SIGKILL {target.name}")
+    if target.signal(signal.SIGKILL):
+        rnd.counted("kill", time.monotonic(), target.role)
+        return "done"
+    return "later"
+
+
+def _stop(rnd: Round, fault: Fault) -> str:
+    live = _seasoned([p for p in (rnd.live(fault.role) or rnd.live("worker"))
+                      if p.stopped_until is None])
+    if not live:
+        return "later"
+    target = live[int(fault.pick * len(live))]
+    if not target.signal(signal.SIGSTOP):
+        return "later"
+    target.stopped_until = time.monotonic() + fault.duration
+    rnd.log(f"SIGSTOP {target.name} for {fault.duration:.2f} s")
+    rnd.counted("stop", target.stopped_until, target.role)
+    return "done"
+
+
+def _arm(rnd: Round, fault: Fault, index: int) -> str:
+    """A failpoint kills the process that passes it: start one that carries it."""
+    spec = f"{fault.point}:{fault.nth}:exit"
+    if fault.role == "worker":
+        rnd.start_worker(failpoint=spec)
+    elif fault.role == "sweeper":
+        rnd.sweeper_slot.failpoint = spec  # its next passes carry it until it fires
+    else:
+        base = rnd.plan.runs[index % len(rnd.plan.runs)]
+        rnd.submit(base, f"{base.key}-fp{index}", 0, failpoint=spec)
+    rnd.armed += 1
+    return "done"
+
+
+def _terminate(rnd: Round, fault: Fault) -> str:
+    if not rnd.backend.up():
+        return "later"
+    try:
+        n = rnd.backend.terminate(rnd.url, fault.mode, fault.pick)
+    except Exception:  # noqa: BLE001 - the server went away meanwhile: try again
+        return "later"
+    if n == 0:
+        return "later"
+    rnd.counted("pg_terminate", time.monotonic())
+    return "done"
+
+
+def _restart(rnd: Round, fault: Fault) -> str:
+    if not rnd.backend.up():
+        return "later"
+
+    def restart() -> None:
+        try:
+            rnd.backend.restart(fault.mode, fault.duration)
+        finally:
+            rnd.counted("pg_restart", time.monotonic(), count=False)
+
+    rnd.counted("pg_restart", time.monotonic() + fault.duration)
+    thread = threading.Thread(target=restart, name="pg-restart", daemon=True)
+    rnd.threads.append(thread)
+    thread.start()
+    return "done"

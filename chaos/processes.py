@@ -1,0 +1,171 @@
+"""The round's processes: every one is the real ``workledger`` command line, started with the
+chaos app, its output in files, and judged by how it ended (check E of the oracle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHAOS_DIR = Path(__file__).resolve().parent
+APP = "chaos_app:ledger"
+
+
+@dataclass
+class Proc:
+    role: str  # worker | sweeper | submitter | operator | recovery
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+    failpoint: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    stopping: bool = False  # the supervisor asked it to stop
+    killed: bool = False  # a fault sent it SIGKILL
+    stopped_until: float | None = None  # SIGSTOPped until then
+    note: dict[str, Any] = field(default_factory=dict)
+    reaped: bool = False  # its exit was judged (poll() alone does not judge it)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: signal.Signals) -> bool:
+        """Send ``sig`` if the process has not been reaped (so never to a reused pid)."""
+        if self.popen.returncode is not None:
+            return False
+        try:
+            self.popen.send_signal(sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def stdout(self) -> str:
+        try:
+            return self.out.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stderr(self) -> str:
+        try:
+            return self.err.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a process ended, and whether that was a clear outcome (check E)."""
+
+    role: str
+    name: str
+    rc: int
+    fired: bool  # died at its armed failpoint
+    error: str | None  # its one-line "error: ..." if it printed one
+    problem: str | None  # why this exit breaks check E, if it does
+    lived: float
+
+
+class Spawner:
+    """Starts command-line processes of one round with the round's environment."""
+
+    def __init__(self, url: str, folder: Path, env: dict[str, str]) -> None:
+        self.url = url
+        self.folder = folder
+        self.env = env
+        self.count = 0
+
+    def start(self, role: str, args: list[str], failpoint: str | None = None,
+              **note: Any) -> Proc:
+        self.count += 1
+        name = f"{role}-{self.count}"
+        env = dict(self.env)
+        if failpoint:
+            env["WORKLEDGER_FAILPOINTS"] = failpoint
+        argv = [sys.executable, "-m", "workledger.cli", "--db", self.url, "--app", APP, *args]
+        out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            popen = subprocess.Popen(argv, stdout=o, stderr=e, env=env,
+                                     stdin=subprocess.DEVNULL, cwd=self.folder)
+        return Proc(role, name, argv, popen, out, err, failpoint, note=note)
+
+
+def round_env(sink: Path, control: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORKLEDGER_FAILPOINTS", "WORKLEDGER_DEBUG", "WORKLEDGER_DB",
+                        "WORKLEDGER_APP")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHAOS_DIR), env.get("PYTHONPATH")]))
+    env["CHAOS_SINK"] = str(sink)
+    env["CHAOS_CONTROL"] = str(control)
+    return env
+
+
+ERROR_LINE = re.compile(r"^error: (.*)$", re.MULTILINE)
+
+
+def judge(proc: Proc) -> Exit:
+    """Check E for one finished process: no traceback, no unexpected error, and an exit code
+    that fits how it ended (killed, stopped, died at its failpoint, or a one-line error)."""
+    rc = proc.popen.returncode
+    assert rc is not None
+    text = proc.stderr()
+    errors = ERROR_LINE.findall(text)
+    error = errors[-1].strip() if errors else None
+    fired = bool(proc.failpoint) and rc == 137
+    problem = None
+    if "Traceback (most recent call last)" in text:
+        problem = "a traceback on stderr"
+    elif error is not None and error.startswith("unexpected"):
+        problem = f"an unexpected error: {error}"
+    elif rc in (1, 2) and error is None:
+        problem = f"exit {rc} without a one-line error"
+    elif len(errors) > 1:
+        problem = f"{len(errors)} error lines"
+    elif rc not in _allowed(proc):
+        problem = f"exit code {rc}"
+    return Exit(proc.role, proc.name, rc, fired, error, problem,
+                time.monotonic() - proc.started)
+
+
+def _allowed(proc: Proc) -> set[int]:
+    allowed = {0, 1, 2}
+    if proc.killed:
+        allowed.add(-signal.SIGKILL)
+    if proc.failpoint:
+        allowed.add(137)
+    if proc.stopping:
+        allowed |= {-signal.SIGTERM, -signal.SIGKILL}
+    return allowed
+
+
+def error_kind(error: str) -> str:
+    """An error line without its numbers and names, to count errors by kind."""
+    text = re.sub(r"\d+", "N", error)
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", text)
+    return text[:90]
+
+
+def submission_of(proc: Proc) -> dict[str, Any] | None:
+    """What a finished submitter reported (run id, created) from its ``--json`` output."""
+    if proc.popen.returncode != 0:
+        return None
+    lines = proc.stdout().strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def count_errors(exits: list[Exit]) -> Counter[str]:
+    return Counter(error_kind(e.error) for e in exits if e.error)
