@@ -36,6 +36,7 @@ from workledger.storage.port import (
     NewItem,
     NewRun,
     Reconciled,
+    RunRow,
     Store,
 )
 
@@ -53,6 +54,7 @@ def reason_of(error: str | None) -> str:
         return ""
     for prefix, reason in (("lease_expired: awaiting verify", "awaiting_verify"),
                            ("lease_expired: outcome unknown", "outcome_unknown"),
+                           ("lease_expired: verify: not done", "verify_not_done"),
                            ("lease_expired", "reclaimed"), ("not started", "not_started"),
                            ("verify: not done", "verify_not_done"),
                            ("verify could not tell", "verify_unsure"),
@@ -159,11 +161,19 @@ class Real:
     def mark_started(self, run_id: int, ids: list[int], token: int, charge: int) -> list[int]:
         return self.store.items_mark_started(LeaseParams(run_id, ids, token), charge)
 
+    def _run(self, run_id: int) -> RunRow:
+        run = self.store.run_get(run_id)
+        assert run is not None
+        return run
+
     def retry(self, run_id: int) -> int:
-        return operations.retry(self.store, run_id)
+        """The operator's redrive; ``Refused`` in a cancelled run."""
+        run = self._run(run_id)
+        return operations.retry(self.store, run, self.jobs[run.job])
 
     def resolve(self, job: str, run_id: int, stage: str, seq: int, as_state: str) -> bool:
-        return operations.resolve(self.store, self.jobs[job], run_id, stage, seq, as_state)
+        return operations.resolve(self.store, self.jobs[job], self._run(run_id), stage, seq,
+                                  as_state)
 
     def reconcile(self, run_id: int, job: str) -> Reconciled:
         stages = list(JOBS[job].stages)

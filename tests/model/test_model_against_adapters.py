@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from workledger.errors import UsageError
+from workledger.errors import Refused, UsageError
 from workledger.storage import open_store
 
 from . import ledger as m
@@ -221,6 +221,10 @@ class LedgerAgainstModel(RuleBasedStateMachine):
     @rule(n=pick)
     def retry(self, n: int) -> None:
         run = n % len(self.model.runs)
+        if self.model.runs[run].cancelled:  # a cancelled run's failures are not redriven
+            with pytest.raises(Refused):
+                self.real.retry(self.run_ids[run])
+            return
         moved = self.real.retry(self.run_ids[run])
         self.model, moves = rules.retry(self.model, run)
         assert moved == sum(1 for mv in moves if mv[0] == "redrive")
@@ -231,6 +235,11 @@ class LedgerAgainstModel(RuleBasedStateMachine):
         unknown = [i for i, it in enumerate(self.model.items) if it.state == "unknown"]
         idx = unknown[n % len(unknown)]
         it = self.model.items[idx]
+        if self.model.runs[it.run].cancelled:  # nor are its unknown items resolved
+            with pytest.raises(Refused):
+                self.real.resolve(self._job(it.run), self.run_ids[it.run], it.stage, it.seq,
+                                  as_state)
+            return
         try:
             done = self.real.resolve(self._job(it.run), self.run_ids[it.run], it.stage, it.seq,
                                      as_state)
