@@ -18,7 +18,7 @@ DIALECTS = ("sqlite", "postgres")
 # The one query a single dialect needs: SQLite has neither sequences nor writing CTEs, so its
 # claim takes a lease token in a statement of its own; PostgreSQL's items_claim takes it from
 # its sequence in the claim itself.
-DIALECT_ONLY = {"lease_token_next": "sqlite"}
+DIALECT_ONLY = {"lease_token_peek": "sqlite", "lease_token_next": "sqlite"}
 
 STORAGE = Path(workledger.storage.__file__).parent
 REFERENCE = re.compile(r"""\bQ\[["'](\w+)["']\]""")  # Q["name"], self.Q["name"]

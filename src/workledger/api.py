@@ -31,6 +31,7 @@ from workledger.runtime.decompose import decompose
 from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS, History
 from workledger.runtime.overview import MetricsSnapshot
+from workledger.runtime.patience import Patience, patient
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
 from workledger.runtime.retention import PruneReport, parse_duration
@@ -195,10 +196,13 @@ class Ledger:
         lease: float = 30.0,
         jobs: Sequence[str] | None = None,
         on_progress: Callable[[WorkReport], None] | None = None,
+        timeout: float | None = None,
+        db_retry_for: float = 600.0,
     ) -> WorkReport:
         """Claim, run and complete items until stopped (or, with ``until_idle``, until idle)."""
         return self.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk,
-                           lease=lease, jobs=jobs, on_progress=on_progress).run()
+                           lease=lease, jobs=jobs, on_progress=on_progress, timeout=timeout,
+                           db_retry_for=db_retry_for).run()
 
     def worker(
         self,
@@ -209,15 +213,22 @@ class Ledger:
         lease: float = 30.0,
         jobs: Sequence[str] | None = None,
         on_progress: Callable[[WorkReport], None] | None = None,
+        timeout: float | None = None,
+        db_retry_for: float = 600.0,
     ) -> Worker:
+        """A worker for the loaded jobs (or ``jobs``). ``timeout``: a handler's time limit
+        where its stage sets none. ``db_retry_for``: seconds of continuous database outage it
+        waits out before it gives up (``OutageTooLong``)."""
         chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
         for job in chosen.values():
             job.check_ready()
         options = WorkerOptions(concurrency=concurrency, chunk=chunk, lease=lease,
-                                until_idle=until_idle)
-        worker = Worker(self.store, chosen, options, rng=random.Random(self.rng.random()),
+                                until_idle=until_idle, timeout=timeout)
+        store = patient(self.store, Patience(db_retry_for, rng=random.Random(self.rng.random())))
+        worker = Worker(store, chosen, options, rng=random.Random(self.rng.random()),
                         on_progress=on_progress)
-        worker.sweeper = self.sweeper(actor=worker.worker_id, lease=lease, jobs=list(chosen))
+        worker.sweeper = self.sweeper(actor=worker.worker_id, lease=lease, jobs=list(chosen),
+                                      timeout=timeout, store=store)
         return worker
 
     # -- recovery and repair ---------------------------------------------------------------
@@ -225,13 +236,16 @@ class Ledger:
     def sweeper(
         self, *, actor: str = "sweeper", grace: float = 30.0, lease: float = 30.0,
         jobs: Sequence[str] | None = None, backoff: float = 30.0,
+        timeout: float | None = None, store: Store | None = None,
     ) -> Sweeper:
         """A sweeper for the loaded jobs. ``backoff``: a run whose decomposer failed n times
         is decomposed again only backoff * 2^(n-1) seconds (at most an hour) after its last
-        failure (0: every pass)."""
+        failure (0: every pass). ``timeout``: a verify or closing hook's time limit where its
+        stage sets none."""
         chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
-        return Sweeper(self.store, chosen, self.status, actor=actor, grace=grace, lease=lease,
-                       rng=random.Random(self.rng.random()), backoff=backoff)
+        return Sweeper(store or self.store, chosen, self.status, actor=actor, grace=grace,
+                       lease=lease, rng=random.Random(self.rng.random()), backoff=backoff,
+                       timeout=timeout)
 
     def sweep(self, *, grace: float = 30.0, lease: float = 30.0) -> SweepReport:
         """One sweeper pass now (by hand: a failing decomposer is retried at once, no backoff):

@@ -146,6 +146,10 @@ def build_ledger(
     crash_marker: str | os.PathLike[str] | None = None,
     max_attempts: int = 5,
     idempotent: bool = True,
+    hang_key: str | None = None,
+    hang_for: float = 3600.0,
+    timeout: float | None = None,
+    retry_delay: float | None = None,
 ) -> Any:
     """A Ledger on ``url`` with job ``conc``: payload ``{"n": N}`` becomes items ``k0..k{N-1}``.
 
@@ -168,8 +172,15 @@ def build_ledger(
         for i in range(int(payload["n"])):
             yield Item(key=f"k{i}", data={"i": i})
 
-    @job.stage(STAGE, idempotent=idempotent, max_attempts=max_attempts)
+    @job.stage(STAGE, idempotent=idempotent, max_attempts=max_attempts, timeout=timeout)
     def apply(item: Any, ctx: Any) -> dict[str, Any]:
+        if retry_delay is not None and item.key == "k0":
+            from workledger import Retry
+
+            raise Retry("downstream asks to wait", delay=retry_delay)
+        if hang_key is not None and item.key == hang_key:
+            writer.record(item, ctx)
+            time.sleep(hang_for)  # a handler that hangs: only its time limit ends it
         if crash_once_key is not None and item.key == crash_once_key:
             assert crash_marker is not None, "crash_once_key needs crash_marker"
             marker = Path(crash_marker)
@@ -206,6 +217,10 @@ def worker_command(
     ready_file: str | os.PathLike[str] | None = None,
     go_file: str | os.PathLike[str] | None = None,
     idempotent: bool = True,
+    hang_key: str | None = None,
+    hang_for: float = 3600.0,
+    timeout: float | None = None,
+    retry_delay: float | None = None,
 ) -> list[str]:
     """The argv of one worker process running this file."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--url", url, "--sink", str(sink),
@@ -219,6 +234,12 @@ def worker_command(
         argv.append("--forever")
     if not idempotent:
         argv.append("--not-idempotent")
+    if hang_key is not None:
+        argv += ["--hang", hang_key, "--hang-for", str(hang_for)]
+    if timeout is not None:
+        argv += ["--timeout", str(timeout)]
+    if retry_delay is not None:
+        argv += ["--retry-delay", str(retry_delay)]
     if ready_file is not None:
         argv += ["--ready-file", str(ready_file)]
     if go_file is not None:
@@ -243,11 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-file", default=None)
     p.add_argument("--go-file", default=None)
     p.add_argument("--not-idempotent", action="store_true")
+    p.add_argument("--hang", default=None)
+    p.add_argument("--hang-for", type=float, default=3600.0)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--retry-delay", type=float, default=None)
     a = p.parse_args(argv)
 
     ledger = build_ledger(a.url, a.sink, sleep=a.sleep, block=a.block, poison_key=a.poison,
                           crash_once_key=a.crash_once, crash_marker=a.crash_marker,
-                          max_attempts=a.max_attempts, idempotent=not a.not_idempotent)
+                          max_attempts=a.max_attempts, idempotent=not a.not_idempotent,
+                          hang_key=a.hang, hang_for=a.hang_for, timeout=a.timeout,
+                          retry_delay=a.retry_delay)
     ledger.store  # noqa: B018 - open (and migrate) the database before the start barrier
     if a.ready_file:
         Path(a.ready_file).write_text(str(os.getpid()))
@@ -259,10 +286,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 3
             time.sleep(0.005)
     report = ledger.work(concurrency=a.concurrency, chunk=a.chunk, lease=a.lease,
-                         until_idle=not a.forever)
+                         until_idle=not a.forever, db_retry_for=120.0)
     ledger.close()
     print(json.dumps({"pid": os.getpid(), **asdict(report)}), flush=True)
-    return 0
+    return 3 if report.stuck else 0
 
 
 if __name__ == "__main__":

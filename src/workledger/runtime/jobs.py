@@ -34,6 +34,11 @@ class Stage:
     idempotent: bool = False
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     verify: Verify | None = None
+    timeout: float | None = None  # seconds a handler (and the verify hook) may run
+
+    def limit(self, default: float | None) -> float | None:
+        """Its time limit: its own, else the worker's default (``worker --timeout``)."""
+        return self.timeout if self.timeout is not None else default
 
 
 class Job:
@@ -78,8 +83,15 @@ class Job:
         max_delay: float = 300.0,
         after: str | None = None,
         verify: Verify | None = None,
+        timeout: float | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register a per-item handler. Stages run in declaration order (``after`` checks it)."""
+        """Register a per-item handler. Stages run in declaration order (``after`` checks it).
+
+        ``timeout``: seconds a handler may run. One still running then is abandoned: its item
+        is settled as if its holder had vanished (idempotent: back to pending, an attempt
+        charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
+        stale, and the verify hook is held to the same limit."""
+        _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
         problem = text_problem("stage name", name, NAME_BYTES)
         if problem is not None:
             raise UsageError(f"job {self.name!r}: {problem}")
@@ -96,7 +108,7 @@ class Job:
 
         def register(fn: Handler) -> Handler:
             _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
-            self.stages.append(Stage(name, fn, idempotent, policy, verify))
+            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout))
             self._after.clear()
             return fn
 
@@ -104,17 +116,19 @@ class Job:
 
     def on_complete(
         self, fn: Callable[[Any], Any] | None = None, *, max_attempts: int = 5,
-        base_delay: float = 1.0,
+        base_delay: float = 1.0, timeout: float | None = None,
     ) -> Any:
         """Register the closing hook, called once with the run's ``RunStatus`` when every unit
         is terminal. It is a ledger entry of its own: retried like an item when it raises, and
-        re-run if its process dies inside it, so it should be idempotent."""
+        re-run if its process dies inside it, so it should be idempotent. ``timeout``: seconds
+        it may run before that attempt counts as failed (and is retried)."""
+        _check_timeout(timeout, f"job {self.name!r}, the closing hook")
 
         def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
             _refuse_async(hook, f"job {self.name!r}: the closing hook")
             self.on_complete_fn = hook
             policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
-            self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None)
+            self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None, timeout)
             return hook
 
         return register(fn) if fn is not None else register
@@ -142,6 +156,11 @@ class Job:
             found = self._after[name] = (nxt, None if nxt or name == CLOSE_STAGE else "processed")
         return found
 
+    def timed_stages(self, default: float | None) -> dict[str, float]:
+        """The stages whose handlers have a time limit, with it."""
+        limits = {s.name: s.limit(default) for s in self.stages}
+        return {name: t for name, t in limits.items() if t is not None}
+
     def recorded_stages(self) -> frozenset[str]:
         """The stages whose starts a worker records before their handlers run: those that are
         not idempotent, where a worker that dies leaves in doubt only what had started."""
@@ -156,6 +175,12 @@ class Job:
             raise UsageError(f"job {self.name!r} has no decomposer (@job.decompose)")
         if not self.stages:
             raise UsageError(f"job {self.name!r} has no stage (@job.stage)")
+
+
+def _check_timeout(timeout: float | None, what: str) -> None:
+    if timeout is not None and not (isinstance(timeout, int | float) and 0 < timeout <= 86_400
+                                    and timeout == timeout):
+        raise UsageError(f"{what}: timeout must be a number of seconds above 0, at most a day")
 
 
 def _refuse_async(fn: Any, what: str) -> None:

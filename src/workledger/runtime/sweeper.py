@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from workledger import failpoints
 from workledger.core.outcomes import Outcome, Processed
@@ -61,6 +62,38 @@ _RECLAIM, _RECLAIM_UNKNOWN, _DONE, _NOT_DONE, _UNSURE = (
     ("lease_expired", "lease_expired_unknown", "verify_done", "verify_not_done", "verify_unsure"))
 
 
+PAGE = 1000
+T = TypeVar("T")
+
+
+class HookTimeout(Exception):  # noqa: N818 - read as "the hook timed out"
+    """A verify or closing hook still running after its time limit."""
+
+
+def bounded(call: Callable[[], T], limit: float | None) -> T:
+    """``call()``, given at most ``limit`` seconds (None: as long as it takes). A hook past its
+    limit is left running in a daemon thread (a thread cannot be killed) and
+    :class:`HookTimeout` raised, so a slow hook never holds up the sweeper's other work."""
+    if limit is None:
+        return call()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="wl-hook", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise HookTimeout(f"still running after {limit:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
 @dataclass
 class SweepReport:
     redecomposed: int = 0
@@ -84,8 +117,10 @@ class Sweeper:
         lease: float = 30.0,
         rng: random.Random | None = None,
         backoff: float = 0.0,
+        timeout: float | None = None,
     ) -> None:
         self.store = store
+        self.timeout = timeout  # a hook's time limit where its stage sets none
         # after a decomposer failed n times, wait backoff * 2^(n-1) s (at most 1 h) to retry it
         self.backoff = backoff
         self.jobs = dict(jobs)
@@ -167,7 +202,7 @@ class Sweeper:
 
     def _verify_unknown(self, report: SweepReport) -> None:
         jobs_of: dict[int, str] = {}
-        for item in self.store.items_attention(["unknown"]):
+        for item in self._awaiting():
             if item.error != AWAITING_VERIFY:
                 continue
             if item.run_id not in jobs_of:
@@ -181,10 +216,22 @@ class Sweeper:
                               self._ask, job, stage, item):
                 report.verified += 1
 
+    def _awaiting(self) -> Iterator[ItemRow]:
+        """Every unknown item, a page at a time (the hooks of all are asked, however many)."""
+        after = 0
+        while page := self.store.items_attention(["unknown"], PAGE, after):
+            yield from page
+            after = page[-1].id
+
     def _ask(self, job: Job, stage: Stage, item: ItemRow) -> bool:
-        assert stage.verify is not None
+        verify = stage.verify
+        assert verify is not None
+        limit = stage.limit(self.timeout)
         try:
-            answer = stage.verify(view_of(item), context_for(job, item, item.attempts, self.actor))
+            answer = bounded(lambda: verify(view_of(item), context_for(
+                job, item, item.attempts, self.actor)), limit)
+        except HookTimeout:
+            answer = "unknown", f"the verify hook was still running after {limit:g}s"
         except Exception as exc:  # a verify hook that fails tells us nothing
             answer = "unknown", f"verify raised {type(exc).__name__}: {exc}"
         self.store.items_settle(SettleParams(item.run_id, _DONE.from_state,
@@ -216,8 +263,11 @@ class Sweeper:
         hook = job.on_complete_fn
         assert hook is not None
         attempt = item.attempts + 1
-        outcome: Outcome = run_handler(job, job.stage_named(CLOSE_STAGE), item, attempt,
-                                       self.actor, call=lambda: hook(self.status_of(run_id)))
+        stage = job.stage_named(CLOSE_STAGE)
+        limit = stage.limit(self.timeout)
+        outcome: Outcome = run_handler(job, stage, item, attempt, self.actor,
+                                       call=lambda: bounded(lambda: hook(self.status_of(run_id)),
+                                                            limit))
         failpoints.hit("closing.after_hook")
         finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=1)
         if finish.event is None:
@@ -237,7 +287,7 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
         except Unstorable as exc:
             return Settle(item.id, _UNSURE.target, event="unknown", detail=detail,
                           error=f"verify could not tell: it answered done with a result that "
-                                f"cannot be stored: it {exc}")
+                                f"cannot be stored: {exc}")
         return Settle(item.id, _DONE.target, result=result, unit=None if nxt else "processed",
                       next_stage=nxt, event="verified", detail=detail)
     if verdict == "not_done":
@@ -247,3 +297,65 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
     evidence = extra if isinstance(extra, str) else f"verify answered {verdict!r}"
     return Settle(item.id, _UNSURE.target, error=f"verify could not tell: {evidence}",
                   event="unknown", detail=detail)
+
+
+class SweepLoop:
+    """A worker's periodic sweeper: in a thread of its own, off the claim loop, so a slow hook
+    never delays claims or heartbeats; and only while this process leads the ledger's sweeping
+    (``Store.lead``: an advisory lock on PostgreSQL, a file lock beside the SQLite file), so N
+    workers run one sweeper, not N. ``workledger sweep`` by hand sweeps regardless.
+
+    A leader can be stuck (stopped, starved) while it holds the lock: a process that does not
+    lead looks, each period, at what a sweep would find (expired leases, runs to close, with
+    reads only) and sweeps itself when the same work is still waiting a period later."""
+
+    def __init__(self, sweeper: Sweeper, store: Store, every: float,
+                 on_swept: Callable[[SweepReport], None]) -> None:
+        self.sweeper = sweeper
+        self.store = store
+        self.every = every
+        self.on_swept = on_swept
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._seen: set[tuple[str, int]] = set()
+        self._thread = threading.Thread(target=self._run, name="wl-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        self.store.unlead()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sweep_once()
+            self._stop.wait(self.every)
+
+    def sweep_once(self) -> bool:
+        """One pass now, if this process leads (or the leader left work waiting); False if it
+        did not sweep (or the pass failed)."""
+        with self._mutex:
+            try:
+                if not (self.store.lead() or self._leader_is_stuck()):
+                    return False
+                self._seen = set()
+                self.on_swept(self.sweeper.sweep())
+                return True
+            except Exception:  # logged, and the next period tries again
+                log.exception("sweep failed")
+                return False
+
+    def _leader_is_stuck(self) -> bool:
+        waiting = {("lease", i.id) for i in self.store.leases_expired(10)}
+        jobs = [j.name for j in self.sweeper.jobs.values() if j.closing is not None]
+        if jobs:
+            waiting |= {("close", r) for r in self.store.runs_to_close(jobs, CLOSE_STAGE)[:10]}
+        stuck = bool(waiting & self._seen)
+        self._seen = waiting
+        if stuck:
+            log.warning("the sweeping process left expired leases or closing hooks waiting "
+                        "for a whole period: this one sweeps instead")
+        return stuck

@@ -1,5 +1,13 @@
-"""The worker: claim a chunk under a lease, run its handlers in a thread pool, renew the
-leases of what is still running, and write all outcomes of a chunk with one fenced statement.
+"""The worker: claim a chunk under a lease, run its handlers, renew the leases of what is still
+running, and write the outcomes fenced by the claim's token (``runtime/chunk.py``).
+
+A worker is a long-lived process: it waits out a database outage rather than exit (its store is
+a :class:`~workledger.runtime.patience.PatientStore`), holds handlers to their time limits, and
+runs the periodic sweeper off its claim loop, in a thread of its own, only while it is the one
+process of the ledger that leads (``Store.lead``: no write to elect it). Idle, it writes
+nothing. It logs its lifecycle through :mod:`logging` (``workledger.worker``): its start, a
+summary of what it did every ``log_every`` seconds, outages, abandoned handlers, stale results
+and its stop; nothing per item.
 """
 
 from __future__ import annotations
@@ -11,31 +19,16 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from operator import itemgetter
+from dataclasses import asdict, dataclass, field
 
-from workledger.core.outcomes import Failed, Outcome
-from workledger.core.states import LEASE_EXPIRED
-from workledger.runtime.execute import run_handler, to_finish
+from workledger.runtime.chunk import Chunk, LateResults
+from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.jobs import Job
-from workledger.runtime.sweeper import Sweeper
-from workledger.storage.port import (
-    ClaimedItem,
-    ClaimParams,
-    Finish,
-    FinishParams,
-    FinishResult,
-    LeaseParams,
-    Store,
-)
+from workledger.runtime.sweeper import Sweeper, SweepLoop, SweepReport
+from workledger.storage.port import ClaimedItem, ClaimParams, Store
 
 log = logging.getLogger("workledger.worker")
-
-SLICE_MAX = 32  # items per thread-pool task at most
-Ran = tuple[ClaimedItem, Outcome | None]  # None: not started (the worker was stopping)
 
 
 @dataclass(frozen=True)
@@ -46,13 +39,17 @@ class WorkerOptions:
     until_idle: bool = False
     poll: float = 0.5  # seconds between claims when nothing was claimable
     flush_every: float = 1.0  # write finished outcomes at least this often within a chunk
-    reclaim_every: float | None = None  # default: lease / 2
+    reclaim_every: float | None = None  # the sweeper's period; default min(lease / 2, 10 s)
+    timeout: float | None = None  # a handler's time limit where its stage sets none
+    log_every: float = 30.0  # seconds between the summaries the worker logs
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.chunk < 1:
             raise ValueError("concurrency and chunk must be at least 1")
         if self.lease <= 0:
             raise ValueError("lease must be positive")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError("timeout must be positive")
 
 
 @dataclass
@@ -66,6 +63,8 @@ class WorkReport:
     released: int = 0
     reclaimed: int = 0
     chunks: int = 0
+    abandoned: int = 0  # handlers abandoned past their time limit
+    stuck: bool = False  # stopped because more handlers were stuck than it has threads
     by_state: dict[str, int] = field(default_factory=dict)
 
 
@@ -100,7 +99,10 @@ class Worker:
         self._runs: list[tuple[int, str]] = []
         self._runs_at = -1e9
         self._turn = 0
-        self._reclaimed_at = -1e9
+        self._count_lock = threading.Lock()
+        self._logged_at = clock()
+        self._logged: dict[str, int] = {}
+        self.late = LateResults()  # results of handlers abandoned past their time limit
 
     # -- control ---------------------------------------------------------------------------
 
@@ -113,17 +115,64 @@ class Worker:
         return self._stop.is_set()
 
     def run(self) -> WorkReport:
-        with ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wl-handler") as pool:
-            while not self._stop.is_set():
-                self._maybe_sweep()
-                chunk = self._claim_next()
-                if chunk:
-                    self._process(chunk, pool)
-                    continue
-                if self.options.until_idle and self._idle_for_good():
-                    break
-                self._stop.wait(self.options.poll)
+        executor = ThreadExecutor(self.options.concurrency)
+        sweeps = self._sweep_loop()
+        log.info("worker %s: started: jobs %s; concurrency %d, chunk %d, lease %gs%s",
+                 self.worker_id, ", ".join(sorted(self.jobs)), self.options.concurrency,
+                 self.options.chunk, self.options.lease,
+                 f", timeout {self.options.timeout:g}s" if self.options.timeout else "")
+        try:
+            if sweeps is not None:
+                sweeps.start()
+            self._loop(executor, sweeps)
+        finally:
+            if sweeps is not None:
+                sweeps.stop()
+            executor.shutdown()
+        log.info("worker %s: stopped: %s", self.worker_id, _summary(self.report))
         return self.report
+
+    def _loop(self, executor: Executor, sweeps: SweepLoop | None) -> None:
+        while not self._stop.is_set():
+            self.late.write(self)
+            if executor.stuck > self.options.concurrency:
+                self.report.stuck = True
+                log.error("worker %s: %d handlers are stuck past their time limit, more than "
+                          "its %d threads: it stops claiming and exits so that a supervisor "
+                          "restarts it", self.worker_id, executor.stuck,
+                          self.options.concurrency)
+                return
+            self._log_progress()
+            chunk = self._claim_next()
+            if chunk:
+                self._process(chunk, executor)
+                continue
+            if self.options.until_idle and self._idle_for_good(sweeps):
+                return
+            self._stop.wait(self.options.poll)
+
+    def _sweep_loop(self) -> SweepLoop | None:
+        if self.sweeper is None:
+            return None
+        every = self.options.reclaim_every or min(self.options.lease / 2, 10.0)
+        return SweepLoop(self.sweeper, self.store, every, self._swept)
+
+    def _swept(self, report: SweepReport) -> None:
+        with self._count_lock:
+            self.report.reclaimed += report.to_pending + report.to_unknown
+
+    def _log_progress(self) -> None:
+        if self.clock() - self._logged_at < self.options.log_every:
+            return
+        self._logged_at = self.clock()
+        now = {k: v for k, v in asdict(self.report).items()
+               if isinstance(v, int) and not isinstance(v, bool)}
+        changed = {k: v - self._logged.get(k, 0) for k, v in now.items()
+                   if v != self._logged.get(k, 0)}
+        if changed:
+            log.info("worker %s: in the last %gs: %s", self.worker_id, self.options.log_every,
+                     ", ".join(f"{k} {v}" for k, v in changed.items()))
+        self._logged = now
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -159,9 +208,10 @@ class Worker:
         self.report.claimed += len(chunk)
         return chunk
 
-    def _idle_for_good(self) -> bool:
+    def _idle_for_good(self, sweeps: SweepLoop | None) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
-        self._maybe_sweep(now=True)  # closing hooks and expired leases before deciding
+        if sweeps is not None:
+            sweeps.sweep_once()  # closing hooks and expired leases before deciding
         runs = self._active_runs(refresh=True)
         if not runs:
             return True
@@ -171,34 +221,10 @@ class Worker:
         # a lease that ran out after this sweep is the next sweep's to settle
         return not (outlook.expired and self.sweeper is not None)
 
-    # -- lease expiry and the rest of the sweeper's work ------------------------------------
-
-    def _maybe_sweep(self, now: bool = False) -> None:
-        if self.sweeper is None:
-            return
-        every = self.options.reclaim_every or min(self.options.lease / 2, 10.0)
-        if not now and self.clock() - self._reclaimed_at < every:
-            return
-        self._reclaimed_at = self.clock()
-        swept = self.sweeper.sweep()
-        self.report.reclaimed += swept.to_pending + swept.to_unknown
-
     # -- processing ------------------------------------------------------------------------
 
-    def _process(self, chunk: list[ClaimedItem], pool: ThreadPoolExecutor) -> None:
-        job = self._job_of(chunk[0].run_id)
-        suspects = [c for c in chunk if c.error and c.error.startswith(LEASE_EXPIRED)]
-        normal = [c for c in chunk if not (c.error and c.error.startswith(LEASE_EXPIRED))]
-        batch = _Batch(self, chunk[0].run_id, chunk[0].lease_token)
-        for item in suspects:
-            if self._stop.is_set():
-                batch.release([item.id])
-                continue
-            self._run_isolated(job, item, batch, pool)
-        recorded = job.recorded_stages()
-        self._run_pooled(job, [i for i in normal if i.stage not in recorded], batch, pool)
-        self._run_recorded(job, [i for i in normal if i.stage in recorded], batch, pool)
-        batch.flush()
+    def _process(self, chunk: list[ClaimedItem], executor: Executor) -> None:
+        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk).process()
         self.report.chunks += 1
         if self.on_progress:
             self.on_progress(self.report)
@@ -209,161 +235,8 @@ class Worker:
                 return self.jobs[name]
         raise LookupError(f"run {run_id} is not one of this worker's runs")
 
-    def _run_isolated(
-        self, job: Job, item: ClaimedItem, batch: _Batch, pool: ThreadPoolExecutor
-    ) -> None:
-        """An item whose previous holder vanished may be poison: charge its attempt before it
-        starts, and run it alone, so a crash charges it and none of its siblings."""
-        batch.flush()  # a poison item must not take its siblings' finished results down with it
-        policy = job.stage_named(item.stage).policy
-        if item.attempts >= policy.max_attempts:
-            reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"
-            batch.add(to_finish(job, item, Failed(reason), item.attempts, 0.0, charge=0))
-            return
-        params = LeaseParams(item.run_id, [item.id], item.lease_token)
-        if not self.store.items_mark_started(params):
-            return  # lost the lease already; the new holder owns it
-        future = pool.submit(self._run_slice, job, [item])
-        batch.wait({future: [item]}, lambda f, _: self._collect(job, f.result(), batch, 0))
 
-    def _run_pooled(
-        self, job: Job, items: list[ClaimedItem], batch: _Batch, pool: ThreadPoolExecutor
-    ) -> None:
-        # Handlers run in small slices, not one task per item: a thread-pool task costs more
-        # than a no-op handler, and a slice still leaves the other threads busy.
-        size = max(1, min(SLICE_MAX, len(items) // (self.options.concurrency * 8)))
-        slices = [items[i:i + size] for i in range(0, len(items), size)]
-        futures = {pool.submit(self._run_slice, job, s): s for s in slices}
-        batch.wait(futures, lambda f, _: self._collect(job, f.result(), batch, 1))
-
-    def _run_recorded(
-        self, job: Job, items: list[ClaimedItem], batch: _Batch, pool: ThreadPoolExecutor
-    ) -> None:
-        """Items of a stage that is not idempotent: each start is recorded before its handler
-        runs, and each outcome as soon as it is known. One transaction per round writes the
-        outcomes that came in and the starts of as many items as threads are free, so a worker
-        killed at any moment leaves in doubt (``unknown``) only the handlers that were running;
-        the rest of its chunk goes back to pending."""
-        waiting = deque(items)
-        running: dict[Future[list[Ran]], list[ClaimedItem]] = {}
-
-        def feed() -> None:
-            free = 0 if self._stop.is_set() else self.options.concurrency - len(running)
-            take = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-            started = set(batch.flush(start=take))
-            for item in take:
-                if item.id in started:  # else its lease is lost: the new holder owns it
-                    running[pool.submit(self._run_slice, job, [item])] = [item]
-            if self._stop.is_set() and waiting:
-                batch.release([i.id for i in waiting])
-                waiting.clear()
-
-        feed()
-        batch.wait(running, lambda f, _: self._collect(job, f.result(), batch, 1), after=feed)
-
-    def _run_slice(self, job: Job, items: list[ClaimedItem]) -> list[Ran]:
-        """Run items one after another; once the worker is stopping, leave the rest unstarted."""
-        ran: list[Ran] = []
-        stage = None
-        for item in items:
-            if self._stop.is_set():
-                ran.append((item, None))
-                continue
-            if stage is None or stage.name != item.stage:  # a slice is mostly one stage
-                stage = job.stage_named(item.stage)
-            ran.append((item, run_handler(job, stage, item, item.attempts + 1, self.worker_id)))
-        return ran
-
-    def _collect(self, job: Job, ran: list[Ran], batch: _Batch, charge: int) -> None:
-        unstarted = []
-        for item, outcome in ran:
-            if outcome is None:
-                unstarted.append(item.id)
-            else:
-                batch.add(to_finish(job, item, outcome, item.attempts + 1,
-                                    self.rng.random(), charge))
-        batch.release(unstarted)
-
-
-class _Batch:
-    """Outcomes of one chunk waiting to be written, and the leases still held."""
-
-    def __init__(self, worker: Worker, run_id: int, token: int) -> None:
-        self.worker = worker
-        self.store = worker.store
-        self.run_id = run_id
-        self.token = token
-        self.finishes: list[Finish] = []
-        self.last_flush = worker.clock()
-        self.last_beat = worker.clock()
-
-    def add(self, finish: Finish) -> None:
-        self.finishes.append(finish)
-
-    def wait(
-        self,
-        left: dict[Future[list[Ran]], list[ClaimedItem]],
-        on_done: Callable[[Future[list[Ran]], list[ClaimedItem]], None],
-        after: Callable[[], None] | None = None,
-    ) -> None:
-        """Wait for the futures in ``left`` (emptied as they finish), renewing leases of running
-        items and flushing as time passes; ``after`` runs after each wake-up and may add more."""
-        opts = self.worker.options
-        cancelled = False
-        while left:
-            beat_in = opts.lease / 3 - (self.worker.clock() - self.last_beat)
-            flush_in = opts.flush_every - (self.worker.clock() - self.last_flush)
-            timeout = max(0.01, min(beat_in, flush_in if self.finishes else beat_in))
-            done, _ = wait(left, timeout=timeout, return_when=FIRST_COMPLETED)
-            for f in done:
-                on_done(f, left.pop(f))
-            if after is not None:
-                after()
-            if self.worker.stopping and not cancelled:
-                cancelled = True
-                dropped = [i.id for f, items in list(left.items()) if f.cancel() for i in items]
-                for f in [f for f in left if f.cancelled()]:
-                    left.pop(f)
-                self.release(dropped)
-            if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
-                self._heartbeat([i.id for items in left.values() for i in items])
-            if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
-                self.flush()
-
-    def _heartbeat(self, ids: list[int]) -> None:
-        self.store.items_heartbeat(LeaseParams(self.run_id, ids, self.token,
-                                               self.worker.options.lease))
-        self.last_beat = self.worker.clock()
-
-    def release(self, ids: list[int]) -> None:
-        if ids:
-            n = self.store.items_release(LeaseParams(self.run_id, ids, self.token))
-            self.worker.report.released += n
-
-    def flush(self, start: list[ClaimedItem] | None = None) -> list[int]:
-        """Write the outcomes gathered so far (and record the starts of ``start``, in the same
-        transaction); return the ids of ``start`` whose start was recorded."""
-        self.last_flush = self.worker.clock()
-        if not self.finishes and not start:
-            return []
-        finishes, self.finishes = self.finishes, []
-        result = self.store.items_finish_if_leased(
-            FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
-                         start=[i.id for i in start or ()], start_token=self.token))
-        self._count(finishes, result)
-        return result.started
-
-    def _count(self, finishes: list[Finish], result: FinishResult) -> None:
-        report = self.worker.report
-        report.stale += len(result.stale)
-        if len(result.applied) == len(finishes):  # the usual case: count states in C
-            states = Counter(map(itemgetter(2), finishes))
-        else:
-            applied = set(result.applied)
-            states = Counter(f.state for f in finishes if f.id in applied)
-        for state, n in states.items():
-            report.by_state[state] = report.by_state.get(state, 0) + n
-            if state == "pending":
-                report.retried += n
-            elif state in ("processed", "failed", "skipped"):
-                setattr(report, state, getattr(report, state) + n)
+def _summary(report: WorkReport) -> str:
+    return (f"claimed {report.claimed}, processed {report.processed}, failed {report.failed}, "
+            f"skipped {report.skipped}, retried {report.retried}, stale {report.stale}, "
+            f"abandoned {report.abandoned}")

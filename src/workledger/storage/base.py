@@ -243,6 +243,8 @@ class LedgerStore(Overview[C]):
                 "closing": params.closing,
                 **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
+            if claimed:
+                self._lease_token_taken(conn)
             if params.record_event and claimed:
                 self._many(conn, self.Q["events_add"],
                            common.claim_events(claimed, params.actor))

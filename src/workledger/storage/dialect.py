@@ -80,6 +80,11 @@ class Dialect(ABC, Generic[C]):
         """Parameters ``items_claim`` takes besides the shared ones (a lease token)."""
 
     @abstractmethod
+    def _lease_token_taken(self, conn: C) -> None:
+        """After a claim that found rows: the token it used is taken (a claim that found none
+        writes nothing at all)."""
+
+    @abstractmethod
     def _add_counts(self, conn: C, run_id: int, rows: CountRows) -> None:
         """``counts_add`` for sorted rows (nothing when there are none)."""
 

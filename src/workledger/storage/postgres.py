@@ -1,8 +1,11 @@
 """PostgreSQL adapter: the scale-out engine. Many workers on many machines share one database.
 
 Concurrent claimers take disjoint chunks with ``FOR UPDATE SKIP LOCKED``; every lease time is the
-database's ``now()``. One connection per store, used under a lock; every port method is one
-transaction. A connection that was lost is replaced on the next call.
+database's ``now()``. A store holds a small pool of connections (``psycopg_pool``, checked
+before use); every port method is one transaction on one of them. A connection that was lost is
+replaced; a database that is away is reported as ``DatabaseUnavailable``, which long-lived
+processes wait out (``runtime/patience.py``). Every session has bounded waits
+(``SESSION_DEFAULTS``) unless the URL sets its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import set_json_loads
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workledger.core.text import read_json
 from workledger.errors import DatabaseUnavailable, StorageError
@@ -26,6 +30,27 @@ from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
 CONNECT_TIMEOUT = 5
+POOL_SIZE = 4  # connections per store: the claim loop, heartbeats, the sweeper, a reader
+POOL_WAIT = 10.0  # seconds to wait for a pooled connection before the database counts as away
+RECONNECT_FOR = 3600.0  # the pool keeps trying to reconnect for this long
+# pg_try_advisory_lock(SWEEPER_LOCK, hashtext(current_schema())): held by the one process of a
+# ledger (a database and schema) that sweeps ("wl")
+SWEEPER_LOCK = 0x776C
+# Session settings every connection gets unless the URL sets them (in its `options`), so that no
+# wait is unbounded: a statement, a lock, a transaction left open, a dead peer.
+SESSION_DEFAULTS = {
+    "statement_timeout": "60s",
+    "lock_timeout": "30s",
+    "idle_in_transaction_session_timeout": "60s",
+    # JIT compiles small ledger queries for tens of milliseconds when statistics are missing;
+    # none of our statements scans enough rows to gain from it
+    "jit": "off",
+}
+CONNECTION_DEFAULTS = {
+    "connect_timeout": str(CONNECT_TIMEOUT),  # an unreachable server fails fast
+    "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+    "keepalives_count": "3", "tcp_user_timeout": "30000",  # ms: a dead peer found in ~30 s
+}
 # pg_advisory_xact_lock key that serialises concurrent migrate() calls ("wl" + "migr").
 MIGRATE_LOCK = 0x776C_6D69_6772
 # pg_advisory_xact_lock(DECOMPOSE_LOCK, run_id % 2**31): two decompositions of one run (a
@@ -33,6 +58,10 @@ MIGRATE_LOCK = 0x776C_6D69_6772
 DECOMPOSE_LOCK = 0x776C_6463
 
 Conn = psycopg.Connection[DictRow]
+# the server ended the session: shut down, crashed, restarting, or a terminated backend
+_SERVER_GONE = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown,
+                psycopg.errors.CannotConnectNow, psycopg.errors.IdleSessionTimeout,
+                psycopg.errors.IdleInTransactionSessionTimeout)
 
 
 class PostgresStore(LedgerStore[Conn]):
@@ -42,11 +71,19 @@ class PostgresStore(LedgerStore[Conn]):
     finish_shapes = 1  # one shape per UPDATE over a sorted id array: rows lock in id order
     json_as_text = False
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:
         self.url = url
-        self._lock = threading.RLock()
         self._closed = False
-        self._conn: Conn = self._connect()
+        self._conninfo = session_conninfo(url)
+        self._check_reachable()  # the driver's own reason, not a pool timeout, when it is not
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            self._conninfo, min_size=1, max_size=max(pool_size, 1), open=False,
+            kwargs={"autocommit": False, "row_factory": dict_row}, configure=_configure,
+            check=ConnectionPool.check_connection, timeout=POOL_WAIT, name="workledger",
+            reconnect_timeout=RECONNECT_FOR)
+        self._pool.open(wait=False)
+        self._leader: psycopg.Connection[Any] | None = None
+        self._leader_lock = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -58,54 +95,47 @@ class PostgresStore(LedgerStore[Conn]):
         host = str(info.get("host") or info.get("hostaddr") or "local socket")
         return f"{host}:{info.get('port') or 5432}"
 
-    def _connect(self) -> Conn:
+    def _check_reachable(self) -> None:
         try:
-            given = conninfo_to_dict(self.url)
-        except psycopg.Error as exc:
-            raise DatabaseUnavailable(f"bad PostgreSQL URL: {_reason(exc)}") from exc
-        conninfo = self.url
-        if "connect_timeout" not in given:  # an unreachable server fails fast
-            conninfo = make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
-        try:
-            conn = psycopg.connect(conninfo, autocommit=False, row_factory=dict_row)
-            set_json_loads(read_json, conn)  # a row too deep to decode is shown, not fatal
-            # JIT compiles small ledger queries for tens of milliseconds when statistics are
-            # missing; none of our statements scans enough rows to gain from it
-            conn.execute("SET jit = off")
-            conn.commit()
-            return conn
+            with psycopg.connect(self._conninfo, autocommit=True):
+                pass
         except psycopg.Error as exc:
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {self._where()}: {_reason(exc, connecting=True)}"
             ) from exc
 
-    def _live(self) -> Conn:
-        if self._closed:
-            raise StorageError("PostgreSQL: this store is closed")
-        if self._conn.closed:  # lost (server restart, killed session): start afresh
-            self._conn = self._connect()
-        return self._conn
-
-    def _wrap(self, exc: psycopg.Error) -> Exception:
-        if self._conn.broken or self._conn.closed:
-            return DatabaseUnavailable(
-                f"lost the connection to PostgreSQL at {self._where()}: {_reason(exc)}"
-            )
-        return StorageError(f"PostgreSQL: {_reason(exc)}")
-
     @contextmanager
     def _tx(self) -> Iterator[Conn]:
-        """One transaction: committed when the block ends, rolled back when it raises."""
-        with self._lock:
-            conn = self._live()
-            try:
-                yield conn
-                conn.commit()
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, psycopg.Error):
-                    raise self._wrap(exc) from exc
-                raise
+        """One transaction on a pooled connection (checked before use, replaced when lost):
+        committed when the block ends, rolled back when it raises."""
+        if self._closed:
+            raise StorageError("PostgreSQL: this store is closed")
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    yield conn
+                    conn.commit()
+                except BaseException:
+                    _rollback(conn)
+                    raise
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                f"no connection to PostgreSQL at {self._where()} within {POOL_WAIT:g} s "
+                "(the server is down, restarting or out of connections)") from exc
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+
+    def _wrap(self, exc: psycopg.Error) -> Exception:
+        """A lost connection or a server going away is an outage, which long-lived processes
+        wait out; anything else (a timeout, a deadlock, a constraint) is the statement's."""
+        if isinstance(exc, _SERVER_GONE) or (
+                isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None):
+            return DatabaseUnavailable(
+                f"lost the connection to PostgreSQL at {self._where()}: {_reason(exc)}")
+        if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+            return StorageError(f"PostgreSQL: {_reason(exc)} (a statement_timeout or "
+                                "lock_timeout: see docs/design.md, bounded waits)")
+        return StorageError(f"PostgreSQL: {_reason(exc)}")
 
     _reader = _tx  # a read is a transaction of its own too
 
@@ -118,13 +148,49 @@ class PostgresStore(LedgerStore[Conn]):
             cur.executemany(sql, rows)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._conn.close()
+        self._closed = True
+        self.unlead()
+        self._pool.close()
+
+    # -- one sweeper at a time ---------------------------------------------------------------
+
+    def lead(self) -> bool:
+        """Hold (or take) the ledger's sweeper lock: a session advisory lock, on a connection
+        of its own, so nothing is written to elect the sweeper. False: another process holds
+        it. A lost connection loses the lock; the next call tries to take it again."""
+        with self._leader_lock:
+            conn = self._leader
+            if conn is not None and not conn.closed and not conn.broken:
+                try:
+                    conn.execute("SELECT 1")
+                    return True
+                except psycopg.Error:
+                    conn.close()
+            self._leader = None
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+                row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))",
+                                   (SWEEPER_LOCK,)).fetchone()
+            except psycopg.Error:
+                return False  # the database is away: nobody sweeps until it is back
+            if row is not None and row[0]:
+                self._leader = conn
+                return True
+            conn.close()
+            return False
+
+    def unlead(self) -> None:
+        with self._leader_lock:
+            if self._leader is not None:
+                self._leader.close()  # the session ends: the lock is released
+                self._leader = None
 
     # -- schema ----------------------------------------------------------------------------
 
     def _versions(self, conn: Conn) -> set[int]:
+        # a migration may count every item of the ledger (0002): no statement or lock limit
+        conn.execute("SET LOCAL statement_timeout = 0")
+        conn.execute("SET LOCAL lock_timeout = 0")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
         conn.execute(
             "CREATE TABLE IF NOT EXISTS wl_schema_version ("
@@ -150,6 +216,9 @@ class PostgresStore(LedgerStore[Conn]):
 
     def _lease_token(self, conn: Conn) -> dict[str, Any]:
         return {}  # items_claim takes its token from wl_lease_token_seq in the statement
+
+    def _lease_token_taken(self, conn: Conn) -> None:
+        return None  # nextval ran inside items_claim, only for a claim that found rows
 
     def _add_counts(self, conn: Conn, run_id: int, rows: CountRows) -> None:
         if rows:
@@ -204,6 +273,27 @@ class PostgresStore(LedgerStore[Conn]):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def session_conninfo(url: str) -> str:
+    """``url`` with the defaults of :data:`CONNECTION_DEFAULTS` and :data:`SESSION_DEFAULTS`
+    for whatever it does not set itself (``?statement_timeout`` is not a libpq key: a URL
+    overrides a session setting in ``options``, e.g. ``options=-cstatement_timeout%3D5min``)."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(f"bad PostgreSQL URL: {_reason(exc)}") from exc
+    extra: dict[str, Any] = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    options = str(given.get("options") or "")
+    added = [f"-c {k}={v}" for k, v in SESSION_DEFAULTS.items() if k not in options]
+    if added:
+        extra["options"] = " ".join(filter(None, [options, *added]))
+    return make_conninfo(url, **extra) if extra else url
+
+
+def _configure(conn: Conn) -> None:
+    """Every pooled connection: JSON too deep to decode is shown, not fatal."""
+    set_json_loads(read_json, conn)
 
 
 def _reason(exc: BaseException, connecting: bool = False) -> str:

@@ -5,7 +5,9 @@ WAL mode with ``synchronous=FULL`` so no acknowledged commit is lost on power fa
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -56,6 +58,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
         self._lock = threading.RLock()
+        self._lead_fd: int | None = None
 
     # -- connection and transactions -------------------------------------------------------
 
@@ -66,16 +69,34 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StorageError(f"SQLite: cannot begin a transaction: {exc}") from exc
+                raise StorageError(self._reason(exc, "cannot begin a transaction: ")) from exc
             try:
                 yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException as exc:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                self._rollback()
                 if isinstance(exc, sqlite3.Error):
-                    raise StorageError(f"SQLite: {exc}") from exc
+                    raise StorageError(self._reason(exc)) from exc
                 raise
+
+    def _rollback(self) -> None:
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # a full disk can refuse even that; SQLite rolls back on the next open
+
+    def _reason(self, exc: sqlite3.Error, doing: str = "") -> str:
+        """One line a person can act on; nothing acknowledged was lost in either case."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code == sqlite3.SQLITE_FULL:
+            return (f"SQLite: {self.path} cannot grow: the disk is full (or the ledger reached "
+                    "its size limit); nothing already written is lost: free space, then run "
+                    "the command again")
+        if code == sqlite3.SQLITE_READONLY:
+            return (f"SQLite: {self.path} is read-only (the file, its folder or the file "
+                    "system): make it writable, then run the command again")
+        return f"SQLite: {doing}{exc}"
 
     @contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
@@ -84,7 +105,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise StorageError(f"SQLite: {exc}") from exc
+                raise StorageError(self._reason(exc)) from exc
 
     def _tuples(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
         """Plain tuples, not sqlite3.Row: cheaper where a statement returns a row per item."""
@@ -96,8 +117,38 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         conn.executemany(sql, rows)
 
     def close(self) -> None:
+        self.unlead()
         with self._lock:
             self._conn.close()
+
+    # -- one sweeper at a time ---------------------------------------------------------------
+
+    def lead(self) -> bool:
+        """Hold (or take) the ledger's sweeper lock: an OS lock on a file beside the database
+        (``<db>.sweeper``), so nothing is written to the ledger to elect the sweeper. False:
+        another process holds it."""
+        if self.path == ":memory:":
+            return True
+        with self._lock:
+            if self._lead_fd is not None:
+                return True
+            try:
+                fd = os.open(f"{self.path}.sweeper", os.O_CREAT | os.O_RDWR, 0o644)
+            except OSError:
+                return False  # a read-only folder: sweep by hand
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return False
+            self._lead_fd = fd
+            return True
+
+    def unlead(self) -> None:
+        with self._lock:
+            if self._lead_fd is not None:
+                os.close(self._lead_fd)  # closing releases the lock
+                self._lead_fd = None
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -124,8 +175,12 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     # -- statements ------------------------------------------------------------------------
 
     def _lease_token(self, conn: sqlite3.Connection) -> dict[str, Any]:
-        """SQLite has no sequences and no writing CTE: the token is a statement of its own."""
-        return {"token": int(conn.execute(self.Q["lease_token_next"]).fetchone()[0])}
+        """SQLite has no sequences and no writing CTE: the token is read in a statement of its
+        own, and taken (``_lease_token_taken``) only by a claim that found rows."""
+        return {"token": int(conn.execute(self.Q["lease_token_peek"]).fetchone()[0])}
+
+    def _lease_token_taken(self, conn: sqlite3.Connection) -> None:
+        conn.execute(self.Q["lease_token_next"]).fetchone()
 
     def _add_counts(self, conn: sqlite3.Connection, run_id: int, rows: CountRows) -> None:
         if rows:

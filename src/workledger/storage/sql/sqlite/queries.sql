@@ -1,4 +1,4 @@
--- SQLite queries. All but lease_token_next exist in ../postgres/queries.sql too (tests check it).
+-- SQLite queries. All but lease_token_peek/next exist in ../postgres/queries.sql too (tests check it).
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', computed by the database.
 -- A '-- moves:' line lists every change of wl_items.state its statement can make; a test
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
@@ -122,9 +122,15 @@ INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
+-- name: lease_token_peek
+-- SQLite only: without sequences or writing CTEs the claim reads its token in a statement of its
+-- own (PostgreSQL's items_claim takes it from wl_lease_token_seq itself), and takes it with
+-- lease_token_next only when it claimed something: a claim that finds nothing writes nothing,
+-- so an idle worker costs the disk nothing. One writer at a time (BEGIN IMMEDIATE) makes the
+-- read and the write one step.
+SELECT value + 1 FROM wl_sequences WHERE name = 'lease_token';
+
 -- name: lease_token_next
--- SQLite only: without sequences or writing CTEs the claim takes its token in a statement of
--- its own. PostgreSQL's items_claim takes it from wl_lease_token_seq itself.
 UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value;
 
 -- name: items_claim

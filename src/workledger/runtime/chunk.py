@@ -1,0 +1,309 @@
+"""One claimed chunk, from its claim to its last outcome: what the worker does with it.
+
+Handlers run in an :class:`~workledger.runtime.executors.Executor`; this module waits for them,
+renews the leases of those still running, holds each handler to its stage's time limit, and
+writes the outcomes fenced by the claim's token:
+
+- items of idempotent stages without a time limit run in small slices, their outcomes written
+  once per chunk (at least once a second): a lost outcome costs only a re-run;
+- items of a stage that is not idempotent, or that has a time limit, run one per task, in rounds:
+  one transaction writes the outcomes that came in and records the starts of as many next items
+  as threads are free (for stages that are not idempotent), and only then are they started;
+- an item whose previous holder vanished (a suspect) runs alone, its attempt charged first.
+
+A handler still running past its limit is abandoned: its item is settled at once as if its
+holder had vanished (by the stage's declaration), its lease is no longer renewed, and its late
+result is written later, fenced, as a stale result (:class:`LateResults`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
+from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
+from workledger.runtime.execute import run_handler, to_finish
+from workledger.runtime.executors import Executor
+from workledger.runtime.jobs import Job
+from workledger.storage.port import (
+    ClaimedItem,
+    Finish,
+    FinishParams,
+    FinishResult,
+    LeaseParams,
+    Store,
+)
+
+if TYPE_CHECKING:
+    from workledger.runtime.worker import Worker
+
+log = logging.getLogger("workledger.worker")
+
+SLICE_MAX = 32  # items per executor task at most
+Ran = tuple[ClaimedItem, Outcome | None]  # None: not started (the worker was stopping)
+Tasks = dict[Future[list[Ran]], list[ClaimedItem]]
+
+
+def is_suspect(item: ClaimedItem) -> bool:
+    """Its previous holder vanished while it may have been running: it may be poison."""
+    return bool(item.error and item.error.startswith(LEASE_EXPIRED))
+
+
+class Chunk:
+    """The outcomes of one claimed chunk waiting to be written, and the leases still held."""
+
+    def __init__(self, worker: Worker, executor: Executor, job: Job,
+                 items: list[ClaimedItem]) -> None:
+        self.worker = worker
+        self.store: Store = worker.store
+        self.executor = executor
+        self.job = job
+        self.items = items
+        self.run_id = items[0].run_id
+        self.token = items[0].lease_token
+        self.finishes: list[Finish] = []
+        self.limits = job.timed_stages(worker.options.timeout)
+        self.last_flush = worker.clock()
+        self.last_beat = worker.clock()
+
+    # -- the three ways items run ------------------------------------------------------------
+
+    def process(self) -> None:
+        recorded = self.job.recorded_stages()
+        normal = [i for i in self.items if not is_suspect(i)]
+        for item in (i for i in self.items if is_suspect(i)):
+            if self.worker.stopping:
+                self.release([item.id])
+            else:
+                self._run_alone(item)
+        singly = recorded | set(self.limits)
+        self._run_pooled([i for i in normal if i.stage not in singly])
+        self._run_singly([i for i in normal if i.stage in singly], recorded)
+        self.flush()
+
+    def _run_alone(self, item: ClaimedItem) -> None:
+        """A suspect: charge its attempt before it starts, and run it alone, so a crash charges
+        it and none of its siblings."""
+        self.flush()  # a poison item must not take its siblings' finished results down with it
+        policy = self.job.stage_named(item.stage).policy
+        if item.attempts >= policy.max_attempts:
+            reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"
+            self.add(to_finish(self.job, item, Failed(reason), item.attempts, 0.0, charge=0))
+            return
+        if not self.store.items_mark_started(LeaseParams(item.run_id, [item.id], self.token)):
+            return  # lost the lease already; the new holder owns it
+        tasks: Tasks = {self._submit([item]): [item]}
+        self.wait(tasks, lambda f, _: self._collect(f.result(), 0), charge=0)
+
+    def _run_pooled(self, items: list[ClaimedItem]) -> None:
+        # Handlers run in small slices, not one task per item: a task costs more than a no-op
+        # handler, and a slice still leaves the other threads busy.
+        size = max(1, min(SLICE_MAX, len(items) // (self.executor.size * 8)))
+        tasks: Tasks = {self._submit(items[i:i + size]): items[i:i + size]
+                        for i in range(0, len(items), size)}
+        self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
+
+    def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str]) -> None:
+        """One item per task, in rounds: each round's transaction writes the outcomes that came
+        in and records the starts of the next items of recorded stages, so a worker killed at
+        any moment leaves in doubt only the handlers that were running."""
+        waiting = deque(items)
+        running: Tasks = {}
+
+        def feed() -> None:
+            free = 0 if self.worker.stopping else self.executor.size - len(running)
+            take = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+            marked = set(self.flush(start=[i for i in take if i.stage in recorded]))
+            for item in take:
+                if item.stage not in recorded or item.id in marked:  # else its lease is lost
+                    running[self._submit([item])] = [item]
+            if self.worker.stopping and waiting:
+                self.release([i.id for i in waiting])
+                waiting.clear()
+
+        feed()
+        self.wait(running, lambda f, _: self._collect(f.result(), 1), after=feed)
+
+    def _submit(self, items: list[ClaimedItem]) -> Future[list[Ran]]:
+        return self.executor.submit(lambda: self._run_slice(items))
+
+    def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:
+        """Run items one after another; once the worker is stopping, leave the rest unstarted."""
+        ran: list[Ran] = []
+        stage = None
+        for item in items:
+            if self.worker.stopping:
+                ran.append((item, None))
+                continue
+            if stage is None or stage.name != item.stage:  # a slice is mostly one stage
+                stage = self.job.stage_named(item.stage)
+            ran.append((item, run_handler(self.job, stage, item, item.attempts + 1,
+                                          self.worker.worker_id)))
+        return ran
+
+    def _collect(self, ran: list[Ran], charge: int) -> None:
+        unstarted = []
+        for item, outcome in ran:
+            if outcome is None:
+                unstarted.append(item.id)
+            else:
+                self.add(to_finish(self.job, item, outcome, item.attempts + 1,
+                                   self.worker.rng.random(), charge))
+        self.release(unstarted)
+
+    # -- waiting: leases, flushes, time limits ---------------------------------------------------
+
+    def add(self, finish: Finish) -> None:
+        self.finishes.append(finish)
+
+    def wait(self, left: Tasks, on_done: Callable[[Future[list[Ran]], list[ClaimedItem]], None],
+             after: Callable[[], None] | None = None, charge: int = 1) -> None:
+        """Wait for the tasks in ``left`` (emptied as they finish), renewing leases of running
+        items, flushing as time passes and abandoning a handler past its limit; ``after`` runs
+        after each wake-up and may add more."""
+        opts = self.worker.options
+        cancelled = False
+        while left:
+            now = self.worker.clock()
+            due = [opts.lease / 3 - (now - self.last_beat), self._next_deadline(left, now)]
+            if self.finishes:
+                due.append(opts.flush_every - (now - self.last_flush))
+            done, _ = wait(left, timeout=max(0.01, min(due)), return_when=FIRST_COMPLETED)
+            for f in done:
+                on_done(f, left.pop(f))
+            self._abandon_late(left, charge)
+            if after is not None:
+                after()
+            if self.worker.stopping and not cancelled:
+                cancelled = True
+                dropped = [i.id for f, items in list(left.items()) if f.cancel() for i in items]
+                for f in [f for f in left if f.cancelled()]:
+                    left.pop(f)
+                self.release(dropped)
+            if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
+                self._heartbeat([i.id for items in left.values() for i in items])
+            if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
+                self.flush()
+
+    def _limit(self, items: list[ClaimedItem]) -> float | None:
+        return self.limits.get(items[0].stage) if len(items) == 1 else None
+
+    def _next_deadline(self, left: Tasks, now: float) -> float:
+        soonest = 3600.0
+        for f, items in left.items():
+            limit, started = self._limit(items), self.executor.started_at(f)
+            if limit is not None and started is not None:
+                soonest = min(soonest, started + limit - now)
+        return soonest
+
+    def _abandon_late(self, left: Tasks, charge: int) -> None:
+        now = self.worker.clock()
+        for f, items in list(left.items()):
+            limit, started = self._limit(items), self.executor.started_at(f)
+            if limit is None or started is None or now - started < limit or f.done():
+                continue
+            self.executor.abandon(f)
+            left.pop(f)
+            self._settle_timeout(items[0], limit, charge)
+            self.worker.late.add(f, self.job, self.run_id, charge)
+
+    def _settle_timeout(self, item: ClaimedItem, limit: float, charge: int) -> None:
+        """As if its holder had vanished, by the stage's declaration, but at once."""
+        stage = self.job.stage_named(item.stage)
+        reason = f"timeout after {limit:g}s"
+        outcome: Outcome
+        if stage.idempotent:
+            outcome = RetryLater(reason)  # an attempt charged; failed after max_attempts
+        elif stage.verify is not None:
+            outcome = Unknown(AWAITING_VERIFY)  # the sweeper asks the hook
+        else:
+            outcome = Unknown(reason)  # a person resolves it
+        self.add(to_finish(self.job, item, outcome, item.attempts + 1, self.worker.rng.random(),
+                           charge))
+        self.worker.report.abandoned += 1
+        log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned, %s",
+                    item.run_id, item.stage, item.seq, item.key, limit,
+                    "retried" if stage.idempotent else "its outcome is in doubt")
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def _heartbeat(self, ids: list[int]) -> None:
+        self.store.items_heartbeat(LeaseParams(self.run_id, ids, self.token,
+                                               self.worker.options.lease))
+        self.last_beat = self.worker.clock()
+
+    def release(self, ids: list[int]) -> None:
+        if ids:
+            n = self.store.items_release(LeaseParams(self.run_id, ids, self.token,
+                                                     actor=self.worker.worker_id))
+            self.worker.report.released += n
+
+    def flush(self, start: Sequence[ClaimedItem] = ()) -> list[int]:
+        """Write the outcomes gathered so far (and record the starts of ``start``, in the same
+        transaction); return the ids of ``start`` whose start was recorded."""
+        self.last_flush = self.worker.clock()
+        if not self.finishes and not start:
+            return []
+        finishes, self.finishes = self.finishes, []
+        result = self.store.items_finish_if_leased(
+            FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
+                         start=[i.id for i in start], start_token=self.token))
+        count(self.worker, self.run_id, finishes, result)
+        return result.started
+
+
+def count(worker: Worker, run_id: int, finishes: list[Finish], result: FinishResult) -> None:
+    """Add a write's outcomes to the worker's report (and say when some were stale)."""
+    report = worker.report
+    report.stale += len(result.stale)
+    if result.stale:
+        log.warning("run %s: %d result(s) discarded as stale: their leases had been taken "
+                    "back", run_id, len(result.stale))
+    if len(result.applied) == len(finishes):  # the usual case: count states in C
+        states = Counter(map(itemgetter(2), finishes))
+    else:
+        applied = set(result.applied)
+        states = Counter(f.state for f in finishes if f.id in applied)
+    for state, n in states.items():
+        report.by_state[state] = report.by_state.get(state, 0) + n
+        if state == "pending":
+            report.retried += n
+        elif state in ("processed", "failed", "skipped"):
+            setattr(report, state, getattr(report, state) + n)
+
+
+@dataclass
+class LateResults:
+    """Handlers abandoned past their time limit. When one returns at last, its result is
+    written fenced by its old token, which no longer holds: it is recorded as stale and
+    discarded (a ``stale_result`` event), never applied."""
+
+    pending: list[tuple[Future[list[Ran]], Job, int, int]] = field(default_factory=list)
+
+    def add(self, future: Future[list[Ran]], job: Job, run_id: int, charge: int) -> None:
+        self.pending.append((future, job, run_id, charge))
+
+    def write(self, worker: Worker) -> None:
+        done = [p for p in self.pending if p[0].done()]
+        self.pending = [p for p in self.pending if not p[0].done()]
+        for future, job, run_id, charge in done:
+            finishes = [to_finish(job, item, outcome, item.attempts + 1, 0.0, charge)
+                        for item, outcome in _ran(future) if outcome is not None]
+            if finishes:
+                result = worker.store.items_finish_if_leased(
+                    FinishParams(run_id, finishes, actor=worker.worker_id))
+                count(worker, run_id, finishes, result)
+
+
+def _ran(future: Future[list[Ran]]) -> list[Ran]:
+    try:
+        return future.result()
+    except BaseException:  # noqa: BLE001 - a task that failed has no result to discard
+        return []
+

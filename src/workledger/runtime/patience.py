@@ -1,0 +1,125 @@
+"""Waiting out a database outage: what every long-lived process does instead of exiting.
+
+A worker, its sweeper, ``status --watch`` and the HTTP server call the store through
+:class:`PatientStore`: a call that finds the database unavailable (a dropped connection, a
+restart, a failover) is tried again with capped exponential backoff and jitter, for as long as
+the outage lasts up to ``retry_for`` seconds. The outage is logged once when it starts and once
+when it ends, not per attempt. Only :class:`~workledger.errors.DatabaseUnavailable` is waited
+out; any other error is the caller's.
+
+Every port method is one transaction, so trying one again is safe: a transaction that failed
+before its commit left nothing behind, and one whose commit was sent but not acknowledged is
+found out by the fencing every write carries (a finish written twice is stale the second time;
+a claim taken twice strands its first chunk until that lease expires, and the sweeper settles
+it like any other expired lease).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from workledger.errors import DatabaseUnavailable
+from workledger.storage.port import Store
+
+log = logging.getLogger("workledger.db")
+
+T = TypeVar("T")
+FIRST_DELAY = 0.1  # seconds before the first retry
+MAX_DELAY = 5.0  # the backoff's cap
+
+
+class OutageTooLong(DatabaseUnavailable):
+    """The database stayed unavailable for longer than the process was told to wait."""
+
+
+class Patience:
+    """Retry a call while the database is unavailable, for at most ``retry_for`` seconds of
+    continuous outage. Shared by every thread of a process, so an outage is one outage."""
+
+    def __init__(self, retry_for: float = 600.0, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None) -> None:
+        self.retry_for = retry_for
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self.outages = 0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        delay = FIRST_DELAY
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except OutageTooLong:
+                raise
+            except DatabaseUnavailable as exc:
+                waited = self._failed(exc)
+                if waited > self.retry_for:
+                    raise OutageTooLong(f"gave up after {waited:.0f} s without the database "
+                                        f"(--db-retry-for {self.retry_for:g}): {exc}") from exc
+                self.sleep(delay * (0.5 + self.rng.random() / 2))
+                delay = min(delay * 2, MAX_DELAY)
+                continue
+            self._succeeded()
+            return result
+
+    def _failed(self, exc: DatabaseUnavailable) -> float:
+        now = self.clock()
+        with self._lock:
+            if self._down_since is None:
+                self._down_since = now
+                self.outages += 1
+                log.warning("database unavailable: %s; retrying for up to %g s", exc,
+                            self.retry_for)
+            return now - self._down_since
+
+    def _succeeded(self) -> None:
+        if self._down_since is None:  # the usual case: no lock
+            return
+        with self._lock:
+            if self._down_since is not None:
+                log.warning("database back after %.1f s", self.clock() - self._down_since)
+                self._down_since = None
+
+
+class PatientStore:
+    """A store whose every method waits out a database outage (see :class:`Patience`)."""
+
+    def __init__(self, store: Store, patience: Patience) -> None:
+        self._store = store
+        self._patience = patience
+        self.dialect = store.dialect
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr) or name == "close":
+            return attr
+
+        @functools.wraps(attr)
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            return self._patience.call(attr, *args, **kwargs)
+
+        return patient
+
+    @property
+    def unwrapped(self) -> Store:
+        return self._store
+
+
+def patient(store: Store, patience: Patience) -> Store:
+    """``store`` with every method waiting out an outage (a no-op if it already does)."""
+    if isinstance(store, PatientStore):
+        return cast(Store, store)
+    return cast(Store, PatientStore(store, patience))
