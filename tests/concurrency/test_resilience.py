@@ -8,6 +8,7 @@ append-only sink the ledger does not own (``procs.py``).
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import sys
 import time
@@ -62,8 +63,7 @@ def assert_done_once(ledger: Any, run_id: int, n: int, sink: Path) -> None:  # n
 
 
 def test_a_worker_keeps_running_when_its_sessions_are_terminated_twice(
-    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], sink: Path,  # noqa: F811
-    pg_url: str,
+    spawn: Callable[..., Proc], sink: Path, pg_url: str,  # noqa: F811
 ) -> None:
     n = 300
     ledger = procs.build_ledger(pg_url, sink, idempotent=False)
@@ -78,7 +78,10 @@ def test_a_worker_keeps_running_when_its_sessions_are_terminated_twice(
         assert terminate(pg_url, "wl-outage") >= 1
     report = worker.wait_ok(timeout=120)
     assert report["processed"] == n
-    assert "database unavailable" in worker.stderr() and "database back" in worker.stderr()
+    # a session killed between two uses is replaced by the pool unseen; one killed mid-query
+    # is an outage, logged once as it starts and once as it ends
+    log = worker.stderr()
+    assert log.count("database unavailable") == log.count("database back"), log
     assert_done_once(ledger, run_id, n, sink)
     ledger.close()
 
@@ -114,7 +117,8 @@ def test_a_worker_keeps_running_through_a_server_restart(
                "100 effects")
     assert worker.popen.poll() is None, worker.stderr()
     private_pg.stop("fast")
-    time.sleep(1.0)  # the server is down for a while: the worker must wait, not exit
+    time.sleep(5.0)  # down longer than a pooled connection is waited for: the worker must
+    # wait the outage out, not exit
     assert worker.popen.poll() is None, worker.stderr()
     private_pg.start()
     report = worker.wait_ok(timeout=120)
@@ -182,8 +186,8 @@ def test_a_late_result_of_an_abandoned_handler_is_discarded_as_stale(
                                         timeout=0.5, until_idle=False), name="w")
     wait_until(lambda: any(e.kind == "stale_result" for e in ledger.events(run_id)),
                "the late result, written stale", timeout=60)
-    worker.signal(__import__("signal").SIGTERM)
-    assert worker.wait() == 0
+    worker.signal(signal.SIGTERM)  # this worker has no signal handler: SIGTERM ends it
+    assert worker.wait() == -signal.SIGTERM
     (hung,) = [i for i in all_items(ledger, run_id) if i.key == "k1"]
     assert (hung.state, hung.error) == ("unknown", "timeout after 0.5s")
     assert hung.result is None  # the late result was not applied
@@ -207,30 +211,34 @@ def test_a_worker_with_more_stuck_handlers_than_threads_exits_3(
 
 
 class Writes:
-    """A number that moves whenever another connection commits a change to the ledger: SQLite's
-    ``PRAGMA data_version`` on a connection kept open, PostgreSQL's row counters of the
-    ledger's tables and its token sequence."""
+    """A value that moves whenever another connection commits a change to the ledger: SQLite's
+    ``PRAGMA data_version`` on a connection kept open; on PostgreSQL, every row version of the
+    ledger's tables (its ``xmin``, new for every insert and update, and the row count, for a
+    delete) and the token sequence. (The statistics views would lag: a backend reports its
+    row counts up to seconds after its transaction.)"""
 
     def __init__(self, db_url: str) -> None:
         self.url = db_url
         self.conn = (sqlite3.connect(db_url[len("sqlite:///"):])
                      if db_url.startswith("sqlite") else None)
 
-    def __call__(self) -> int:
+    def __call__(self) -> object:
         if self.conn is not None:
             return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
-        return _pg_writes(self.url)
+        return _pg_row_versions(self.url)
 
 
-def _pg_writes(db_url: str) -> int:
+def _pg_row_versions(db_url: str) -> object:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        row = conn.execute(
-            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables "
-            "WHERE schemaname = current_schema()").fetchone()
-        seq = conn.execute("SELECT last_value FROM wl_lease_token_seq").fetchone()
-    assert row is not None and seq is not None
-    return int(row[0]) * 1_000_000 + int(seq[0])
+        tables = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "ORDER BY tablename")]
+        versions = {t: conn.execute(  # table names from the catalogue, not from input
+            f"SELECT count(*), coalesce(sum(xmin::text::bigint), 0) FROM {t}").fetchone()
+            for t in tables}
+        versions["wl_lease_token_seq"] = conn.execute(
+            "SELECT last_value FROM wl_lease_token_seq").fetchone()
+    return versions
 
 
 def test_two_idle_workers_write_nothing_for_ten_seconds(
@@ -320,6 +328,6 @@ def test_five_thousand_unknown_items_are_all_verified_and_all_audited(db_url: st
     assert sorted(asked) == sorted(f"u{i}" for i in range(n))  # every hook asked, in one pass
     people = [f for f in ledger.audit() if f.kind == "unknown" and f.needs_person]
     assert len(people) == n  # every unknown item listed, none cut off at 1,000
-    assert ledger.resolve_many(runs[1], "send", "pending", note="bulk") == n
+    assert ledger.resolve_many(runs[1], "send", "pending", note="bulk") == (n, 0)
     assert Counter(i.state for i in ledger.items(runs[1], limit=10_000)) == {"pending": n}
     ledger.close()

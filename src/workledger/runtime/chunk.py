@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("workledger.worker")
 
 SLICE_MAX = 32  # items per executor task at most
+QUEUED_POLL = 0.05  # seconds between looks at a timed task that has not started yet
 Ran = tuple[ClaimedItem, Outcome | None]  # None: not started (the worker was stopping)
 Tasks = dict[Future[list[Ran]], list[ClaimedItem]]
 
@@ -198,8 +199,11 @@ class Chunk:
         soonest = 3600.0
         for f, items in left.items():
             limit, started = self._limit(items), self.executor.started_at(f)
-            if limit is not None and started is not None:
-                soonest = min(soonest, started + limit - now)
+            if limit is None:
+                continue
+            # a timed task still queued has no deadline yet: look again soon, or one that
+            # starts just after this wait began would run unwatched until the next lease renewal
+            soonest = min(soonest, QUEUED_POLL if started is None else started + limit - now)
         return soonest
 
     def _abandon_late(self, left: Tasks, charge: int) -> None:
@@ -229,7 +233,8 @@ class Chunk:
         self.worker.report.abandoned += 1
         log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned, %s",
                     item.run_id, item.stage, item.seq, item.key, limit,
-                    "retried" if stage.idempotent else "its outcome is in doubt")
+                    after_timeout(stage.idempotent,
+                                  item.attempts + 1 >= stage.policy.max_attempts))
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -256,6 +261,13 @@ class Chunk:
                          start=[i.id for i in start], start_token=self.token))
         count(self.worker, self.run_id, finishes, result)
         return result.started
+
+
+def after_timeout(idempotent: bool, last_attempt: bool) -> str:
+    """What becomes of an item abandoned at its time limit, for the log."""
+    if not idempotent:
+        return "its outcome is in doubt"
+    return "its retries are exhausted" if last_attempt else "retried"
 
 
 def count(worker: Worker, run_id: int, finishes: list[Finish], result: FinishResult) -> None:

@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from workledger import failpoints
@@ -193,12 +193,15 @@ class Sweeper:
                     to, reason = _RECLAIM_UNKNOWN.target.value, AWAITING_VERIFY
                 else:
                     to, reason = _RECLAIM_UNKNOWN.target.value, OUTCOME_UNKNOWN
-                rows = self.store.leases_reclaim_expired(ReclaimParams(
-                    job=job.name, stage=stage.name, to_state=to, reason=reason, actor=self.actor))
-                # an item whose handler never started goes back to pending, whatever `to` says
-                back = sum(1 for r in rows if r.state == _RECLAIM.target)
-                report.to_pending += back
-                report.to_unknown += len(rows) - back
+                params = ReclaimParams(job=job.name, stage=stage.name, to_state=to,
+                                       reason=reason, actor=self.actor)
+                while rows := self.store.leases_reclaim_expired(params):  # a batch at a time
+                    # an item whose handler never started goes back to pending, whatever `to`
+                    back = sum(1 for r in rows if r.state == _RECLAIM.target)
+                    report.to_pending += back
+                    report.to_unknown += len(rows) - back
+                    if len(rows) < params.limit:
+                        break
 
     def _verify_unknown(self, report: SweepReport) -> None:
         jobs_of: dict[int, str] = {}
@@ -342,7 +345,10 @@ class SweepLoop:
                 if not (self.store.lead() or self._leader_is_stuck()):
                     return False
                 self._seen = set()
-                self.on_swept(self.sweeper.sweep())
+                report = self.sweeper.sweep()
+                log.debug("sweep pass: %s", ", ".join(
+                    f"{k} {v}" for k, v in asdict(report).items() if v) or "nothing to do")
+                self.on_swept(report)
                 return True
             except Exception:  # logged, and the next period tries again
                 log.exception("sweep failed")
