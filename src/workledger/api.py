@@ -110,6 +110,16 @@ class Ledger:
                 self._store = store
             return self._store
 
+    def wait_out_outages(self, retry_for: float = 600.0) -> None:
+        """From now on every call waits out a database outage (a dropped connection, a
+        restart) for up to ``retry_for`` seconds before it raises ``DatabaseUnavailable``:
+        what a long-lived process (``status --watch``, ``serve``) wants. Logged once per
+        outage (``workledger.db``)."""
+        store = self.store
+        with self._lock:
+            self._store = patient(store, Patience(retry_for,
+                                                  rng=random.Random(self.rng.random())))
+
     @property
     def where(self) -> str:
         """The database URL with any password masked: safe to print."""
@@ -179,13 +189,20 @@ class Ledger:
                 raise PayloadMismatch(
                     f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
                     " with a different payload; nothing was written", run.id)
+            if run.decomposed_at is None and run.error is None and run.cancelled_at is None:
+                # its decomposition was cut short (a crash, a full disk): carry it on now, as
+                # the sweeper would; rows already written are not written twice
+                return Submission(run.id, False, self._status_of(self._decompose(job, run)),
+                                  resumed=True)
             return Submission(run.id, False, self._status_of(run))
+        return Submission(run.id, True, self._status_of(self._decompose(job, run)))
+
+    def _decompose(self, job: Job, run: RunRow) -> RunRow:
         try:
-            run = decompose(self.store, job, run)
+            return decompose(self.store, job, run)
         except DecompositionFailed as exc:
             exc.status = self.status(run.id)
             raise
-        return Submission(run.id, True, self._status_of(run))
 
     def work(
         self,
@@ -227,6 +244,7 @@ class Ledger:
         store = patient(self.store, Patience(db_retry_for, rng=random.Random(self.rng.random())))
         worker = Worker(store, chosen, options, rng=random.Random(self.rng.random()),
                         on_progress=on_progress)
+        worker.where = self.where
         worker.sweeper = self.sweeper(actor=worker.worker_id, lease=lease, jobs=list(chosen),
                                       timeout=timeout, store=store)
         return worker
@@ -274,6 +292,22 @@ class Ledger:
                              "(its next stage): pass --app module:attribute")
         return operations.resolve(self.store, job, run, stage, seq,
                                   as_state, actor=actor, note=note)
+
+    def resolve_many(self, run_id: int, stage: str, as_state: str, *,
+                     seqs: Sequence[int] | None = None, note: str | None = None,
+                     actor: str = "operator") -> tuple[int, int]:
+        """Settle the stage's unknown items (``seqs``, or all of them) by one decision, each by
+        its own guarded move and audited. Returns (resolved, settled by someone else)."""
+        inputs.check_name("stage name", stage)
+        for seq in seqs or ():
+            inputs.check_id("item", seq)
+        run = self._run(run_id)
+        job = self.jobs.get(run.job)
+        if job is None and as_state == "processed":
+            raise UsageError(f"resolving as processed needs the definition of job {run.job!r} "
+                             "(its next stage): pass --app module:attribute")
+        return operations.resolve_many(self.store, job, run, stage, as_state, seqs=seqs,
+                                       actor=actor, note=note)
 
     def ack(self, run_id: int, *, note: str, stage: str | None = None, seq: int | None = None,
             actor: str = "operator") -> int:

@@ -54,6 +54,13 @@ class DatabaseUnavailable(WorkledgerError):
     """The database cannot be reached or opened (exit 1)."""
 
 
+class WorkerStuck(WorkledgerError):
+    """More handlers stuck past their time limit than the worker has threads: it stopped so
+    that a supervisor restarts it (a thread cannot be killed)."""
+
+    exit_code = 3
+
+
 class StorageError(WorkledgerError):
     """A database operation failed; the driver error is kept as ``__cause__``."""
 

@@ -43,6 +43,7 @@ def status(settings: Settings, run_id: int, as_json: bool, watch: bool) -> None:
     ledger = settings.ledger()
     st = ledger.status(run_id)
     if watch:
+        ledger.wait_out_outages()  # a long-lived view: an outage pauses it, not ends it
         try:
             st = watch_run(ledger, run_id, Console(stderr=as_json))
         except KeyboardInterrupt:

@@ -70,21 +70,41 @@ def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, .
 
 @click.command()
 @click.argument("run_id", metavar="RUN", type=ID)
-@click.option("--stage", required=True, help="The item's stage.")
-@click.option("--item", "seq", required=True, type=ID, metavar="SEQ", help="The item's seq.")
+@click.option("--stage", required=True, help="The items' stage.")
+@click.option("--item", "seqs", multiple=True, type=ID, metavar="SEQ",
+              help="An item's seq (repeat it for several).")
+@click.option("--all-unknown", is_flag=True,
+              help="Every unknown item of the stage (needs --note).")
 @click.option("--as", "as_state", required=True, type=click.Choice(RESOLVE_TARGETS),
               help="What really happened: processed, failed, or pending (run it again).")
 @NOTE
 @click.pass_obj
-def resolve(settings: Settings, run_id: int, stage: str, seq: int, as_state: str,
-            note: str | None) -> None:
-    """Settle an item in state unknown after checking what really happened. --as processed
-    needs --app (the item is handed on to the stage that follows); failed and pending do
-    not load it."""
+def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
+            all_unknown: bool, as_state: str, note: str | None) -> None:
+    """Settle items in state unknown after checking what really happened: one (--item SEQ),
+    several (--item repeated) or all of a stage (--all-unknown). Each item is moved by its own
+    guarded transition and audited; an item that is not unknown is refused before anything
+    changes. --as processed needs --app (the item is handed on to the stage that follows);
+    failed and pending do not load it."""
+    if bool(seqs) == all_unknown:
+        raise UsageError("say which items: --item SEQ (repeatable) or --all-unknown")
+    if all_unknown and not (note and note.strip()):
+        raise UsageError("--all-unknown settles many items at once: say why with --note")
     ledger = settings.ledger(app=as_state == "processed")
-    if not ledger.resolve(run_id, stage, seq, as_state, note=note):
-        raise UsageError(f"item {seq} of stage {stage!r} was settled by someone else meanwhile")
-    click.echo(f"run {run_id}: item {show(stage)}/{seq} resolved as {as_state}")
+    if len(seqs) == 1:
+        if not ledger.resolve(run_id, stage, seqs[0], as_state, note=note):
+            raise UsageError(f"item {seqs[0]} of stage {stage!r} was settled by someone else "
+                             "meanwhile")
+        click.echo(f"run {run_id}: item {show(stage)}/{seqs[0]} resolved as {as_state}")
+        return
+    done, lost = ledger.resolve_many(run_id, stage, as_state, seqs=list(seqs) or None,
+                                     note=note)
+    if done == 0 and lost == 0:
+        click.echo(f"run {run_id}: no unknown items in stage {show(stage)}; nothing changed")
+        return
+    click.echo(f"run {run_id}: {done} item{'s' if done != 1 else ''} of stage {show(stage)} "
+               f"resolved as {as_state}"
+               + (f"; {lost} settled by someone else meanwhile" if lost else ""))
 
 
 @click.command()
@@ -175,12 +195,10 @@ def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool
                    f"{visible(trace.rstrip(), newlines=True)}")
 
 
-RECONCILE_ALL = 10_000  # runs --all checks, the most recent first
-
-
 @click.command()
 @click.argument("run_id", metavar="RUN", type=ID, required=False)
-@click.option("--all", "every", is_flag=True, help="Every run (most recent 10,000).")
+@click.option("--all", "every", is_flag=True,
+              help="Every run, the most recent first (read a page at a time).")
 @click.option("--dry-run", is_flag=True, help="Show the differences, change nothing.")
 @JSON
 @click.pass_obj
@@ -204,18 +222,16 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
         checked.append(rid)
     if out is not None:
         out.close()
-    elif every and len(checked) == RECONCILE_ALL and (more := ledger.count_runs(
-            before=checked[-1])):
-        click.echo(f"... {more:,} older runs not checked (reconcile RUN checks one)")
+    elif every:
+        click.echo(f"checked {len(checked):,} run{'s' if len(checked) != 1 else ''}")
 
 
 def _recent_runs(ledger: Ledger) -> Iterator[int]:
-    """The ids of the most recent RECONCILE_ALL runs, read a page at a time."""
+    """The ids of every run, newest first, read a page at a time (keyset: a run submitted
+    meanwhile is not checked; it was not there when the check began)."""
     before: int | None = None
-    left = RECONCILE_ALL
-    while left > 0 and (ids := ledger.run_ids(min(left, limits.PAGE), before=before)):
+    while ids := ledger.run_ids(limits.PAGE, before=before):
         yield from ids
-        left -= len(ids)
         before = ids[-1]
 
 

@@ -13,6 +13,7 @@ from workledger.cli.output import echo_json
 from workledger.cli.settings import Settings
 from workledger.errors import BadInput, UsageError
 
+SERVE_RETRY_FOR = 10.0  # seconds a request waits for the database before it answers 503
 WEB_EXTRA = "pip install 'workledger[web]'"
 
 
@@ -59,6 +60,8 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None,
     server.check_bind(host, tokens)
     ledger = settings.ledger(app=True, create=True)  # it takes submissions, like a worker
     ledger.ping()
+    # a request waits out a short outage (a restart, a failover), then answers 503
+    ledger.wait_out_outages(SERVE_RETRY_FOR)
     server.serve(ledger, host=host, port=port, tokens=tokens, prune_after=older,
                  export_dir=folder,
                  announce=lambda url: click.echo(f"workledger serve: {url} ({ledger.where})"))

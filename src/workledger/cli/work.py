@@ -15,10 +15,17 @@ from typing import Any
 
 import click
 
-from workledger.api import RunStatus, Worker, WorkReport, limits
+from workledger.api import RunStatus, Worker, WorkReport, limits, url_secrets
+from workledger.cli import logs
 from workledger.cli.output import Seconds, echo_json, one_line, show
 from workledger.cli.settings import Settings
-from workledger.errors import BadInput, DecompositionFailed, UnknownJob, UsageError
+from workledger.errors import (
+    BadInput,
+    DecompositionFailed,
+    UnknownJob,
+    UsageError,
+    WorkerStuck,
+)
 from workledger.shapes import submission_dict
 
 
@@ -62,12 +69,15 @@ def read_payload(payload: str | None, payload_file: str | None) -> dict[str, Any
     return value
 
 
-def submission_line(created: bool, st: RunStatus) -> str:
+def submission_line(created: bool, st: RunStatus, resumed: bool = False) -> str:
     done = f"{st.processed} processed, {st.failed} failed, {st.skipped} skipped of {st.total}"
     error = f"; error: {one_line(st.error)}" if st.error else ""
     if created:
         return (f"run {st.run_id} created (key {show(st.key)}): {st.state}, {done}; "
                 f"next: {st.next}{error}")
+    if resumed:
+        return (f"run {st.run_id} already exists for key {show(st.key)}; its decomposition, "
+                f"cut short, was carried on: {st.state}, {done}; next: {st.next}{error}")
     return (f"run {st.run_id} already exists for key {show(st.key)} (nothing new written): "
             f"{st.state}, {done}; next: {st.next}{error}")
 
@@ -104,7 +114,7 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
     if as_json:
         echo_json(submission_dict(sub.run_id, sub.created, sub.status))
     else:
-        click.echo(submission_line(sub.created, sub.status))
+        click.echo(submission_line(sub.created, sub.status, sub.resumed))
 
 
 # -- worker ------------------------------------------------------------------------------------
@@ -151,31 +161,49 @@ def report_line(report: WorkReport, how: str) -> str:
               help="Exit once nothing is claimable and nothing will be without a person.")
 @click.option("--job", "jobs", multiple=True, metavar="NAME",
               help="Work only on this job (repeatable). [default: every job of the app]")
+@click.option("--timeout", type=Seconds(limits.LEASE_MAX), default=None,
+              help="A handler's time limit in seconds, for stages that declare none "
+                   "(@job.stage(timeout=)). [default: none]")
+@click.option("--db-retry-for", type=Seconds(7 * 86_400, zero=True), default=600.0,
+              show_default=True,
+              help="Seconds of continuous database outage to wait out before giving up "
+                   "(exit 1).")
+@logs.FORMAT_OPTION
+@logs.LEVEL_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @click.pass_obj
 def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until_idle: bool,
-           jobs: tuple[str, ...], as_json: bool) -> None:
+           jobs: tuple[str, ...], timeout: float | None, db_retry_for: float, log_format: str,
+           log_level: str, as_json: bool) -> None:
     """Claim items in chunks under leases, run their handlers, record outcomes. Needs --app
     (it runs the handlers); creates the ledger if there is none, and waits for work.
 
-    SIGTERM or SIGINT stops it cleanly: running handlers finish, unstarted items are released
-    (a second signal exits at once). Prints a one-line summary at the end.
+    It waits out a database outage (dropped connections, a restart) for up to --db-retry-for
+    seconds, logging it once when it starts and once when it ends. A handler past its time
+    limit is abandoned and its item settled by its stage's declaration; with more stuck
+    handlers than --concurrency it exits 3 so that a supervisor restarts it. It logs its
+    lifecycle to stderr (start, a summary every 30 s, outages, timeouts, stale results, stop;
+    nothing per item at info). SIGTERM or SIGINT stops it cleanly: running handlers finish,
+    unstarted items are released (a second signal exits at once). Prints a one-line summary
+    at the end.
     """
+    logs.configure(log_format, log_level, url_secrets(settings.url))
     ledger = settings.ledger(app=True, create=True)
     if not ledger.jobs:
         raise UsageError("no jobs to work on: pass --app module:attribute or set WORKLEDGER_APP")
     w = ledger.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk, lease=lease,
-                      jobs=list(jobs) or None)
-    names = show(", ".join(jobs or sorted(ledger.jobs)))
-    click.echo(f"worker {show(w.worker_id)} on {show(ledger.where)}: jobs {names}; "
-               f"concurrency {concurrency}, chunk {chunk}, lease {lease:g}s", err=True)
+                      jobs=list(jobs) or None, timeout=timeout, db_retry_for=db_retry_for)
     with stop_on_signals(w) as received:
         report = w.run()
-    how = f"stopped by {signal.Signals(received[0]).name}" if received else "idle, done"
+    how = (f"stopped by {signal.Signals(received[0]).name}" if received else
+           "stuck handlers, exiting 3" if report.stuck else "idle, done")
     if as_json:
         echo_json({"worker_id": w.worker_id, "stopped_by": how, **asdict(report)})
     else:
         click.echo(report_line(report, how))
+    if report.stuck:
+        raise WorkerStuck(f"worker {w.worker_id}: more handlers stuck past their time limit "
+                          f"than its {concurrency} threads; restart it")
 
 
 COMMANDS = (init, submit, worker)

@@ -140,24 +140,75 @@ def resolve(
     actor: str = "operator", note: str | None = None,
 ) -> bool:
     """Settle an ``unknown`` item by a person's decision; False if it was not unknown."""
-    if as_state not in RESOLVE_TARGETS:
-        raise UsageError(f"--as must be one of {', '.join(RESOLVE_TARGETS)}")
-    refuse_if_cancelled(run, "resolved")
+    _check_resolve(run, as_state)
     rows = store.items_list(ItemsQuery(run.id, stage, None, 1, 0, seq))
     if not rows:
         raise UsageError(f"run {run.id} has no item {seq} in stage {stage!r}")
     item = rows[0]
     if item.state != "unknown":
         raise UsageError(f"item {seq} of stage {stage!r} is {item.state}, not unknown")
-    nxt = job.next_stage(stage) if job and as_state == "processed" else None
+    settle = _resolution(job, item, as_state, note)
+    return bool(store.items_settle(SettleParams(run.id, "unknown", [settle], actor)).applied)
+
+
+def resolve_many(
+    store: Store, job: Job | None, run: RunRow, stage: str, as_state: str, *,
+    seqs: Sequence[int] | None = None, actor: str = "operator", note: str | None = None,
+) -> tuple[int, int]:
+    """Settle many ``unknown`` items of a stage by one decision: the seqs given, or (None)
+    every unknown item of the stage, a page at a time. Each item is still moved by its own
+    guarded transition and audited with its own ``resolved`` event. A seq that names no item,
+    or an item that is not unknown, is refused before anything changes. Returns (resolved,
+    settled by someone else meanwhile)."""
+    _check_resolve(run, as_state)
+    check_stage(store, run, job, stage)
+    if seqs:
+        chosen: Iterator[ItemRow] = iter(_unknown_seqs(store, run, stage, seqs))
+    else:
+        chosen = pages(store, run.id, stage, "unknown")
+    done = lost = 0
+    batch: list[Settle] = []
+    for item in chosen:
+        batch.append(_resolution(job, item, as_state, note))
+        if len(batch) == PAGE:
+            applied = len(store.items_settle(SettleParams(run.id, "unknown", batch, actor)).applied)
+            done, lost, batch = done + applied, lost + len(batch) - applied, []
+    if batch:
+        applied = len(store.items_settle(SettleParams(run.id, "unknown", batch, actor)).applied)
+        done, lost = done + applied, lost + len(batch) - applied
+    return done, lost
+
+
+def _check_resolve(run: RunRow, as_state: str) -> None:
+    if as_state not in RESOLVE_TARGETS:
+        raise UsageError(f"--as must be one of {', '.join(RESOLVE_TARGETS)}")
+    refuse_if_cancelled(run, "resolved")
+
+
+def _unknown_seqs(store: Store, run: RunRow, stage: str, seqs: Sequence[int]) -> list[ItemRow]:
+    found = []
+    for seq in dict.fromkeys(seqs):
+        rows = store.items_list(ItemsQuery(run.id, stage, None, 1, 0, seq))
+        if not rows:
+            raise UsageError(f"run {run.id} has no item {seq} in stage {stage!r}; "
+                             "nothing changed")
+        if rows[0].state != "unknown":
+            raise UsageError(f"item {stage}/{seq} is {rows[0].state}, not unknown; "
+                             "nothing changed")
+        found.append(rows[0])
+    return found
+
+
+def _resolution(job: Job | None, item: ItemRow, as_state: str, note: str | None) -> Settle:
+    """The guarded move of one unknown item to what a person says happened."""
+    nxt = job.next_stage(item.stage) if job and as_state == "processed" else None
     unit = {"processed": None if nxt else "processed", "failed": "failed"}.get(as_state)
     if as_state == "processed" and job is None:
         unit = "processed"  # without the job's stages, treat it as the unit's last stage
     target = move("resolve", Actor.OPERATOR, ItemState(as_state)).target
-    settle = Settle(item.id, target, error=note if as_state == "failed" else None, unit=unit,
-                    next_stage=nxt, event="resolved",
-                    detail=json.dumps({"as": as_state, "note": note}))
-    return bool(store.items_settle(SettleParams(run.id, "unknown", [settle], actor)).applied)
+    return Settle(item.id, target, error=note if as_state == "failed" else None, unit=unit,
+                  next_stage=nxt, event="resolved",
+                  detail=json.dumps({"as": as_state, "note": note}))
 
 
 # -- acknowledge -------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class Submission:
     run_id: int
     created: bool
     status: RunStatus
+    resumed: bool = False  # an existing run whose decomposition, cut short, was carried on
 
     @property
     def state(self) -> str:

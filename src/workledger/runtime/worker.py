@@ -90,6 +90,7 @@ class Worker:
         self.jobs = dict(jobs)
         self.options = options or WorkerOptions()
         self.worker_id = worker_id or new_worker_id()
+        self.where = ""  # the ledger it works on, for its log lines (a masked URL)
         self.rng = rng or random.Random()
         self.clock = clock
         self.on_progress = on_progress
@@ -117,8 +118,9 @@ class Worker:
     def run(self) -> WorkReport:
         executor = ThreadExecutor(self.options.concurrency)
         sweeps = self._sweep_loop()
-        log.info("worker %s: started: jobs %s; concurrency %d, chunk %d, lease %gs%s",
-                 self.worker_id, ", ".join(sorted(self.jobs)), self.options.concurrency,
+        log.info("worker %s: started%s: jobs %s; concurrency %d, chunk %d, lease %gs%s",
+                 self.worker_id, f" on {self.where}" if self.where else "",
+                 ", ".join(sorted(self.jobs)), self.options.concurrency,
                  self.options.chunk, self.options.lease,
                  f", timeout {self.options.timeout:g}s" if self.options.timeout else "")
         try:

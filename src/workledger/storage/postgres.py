@@ -10,6 +10,7 @@ processes wait out (``runtime/patience.py``). Every session has bounded waits
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from workledger.storage.queries import queries
 
 CONNECT_TIMEOUT = 5
 POOL_SIZE = 4  # connections per store: the claim loop, heartbeats, the sweeper, a reader
-POOL_WAIT = 10.0  # seconds to wait for a pooled connection before the database counts as away
+POOL_WAIT = 3.0  # seconds to wait for a pooled connection before the database counts as away
 RECONNECT_FOR = 3600.0  # the pool keeps trying to reconnect for this long
 # pg_try_advisory_lock(SWEEPER_LOCK, hashtext(current_schema())): held by the one process of a
 # ledger (a database and schema) that sweeps ("wl")
@@ -58,6 +59,18 @@ MIGRATE_LOCK = 0x776C_6D69_6772
 DECOMPOSE_LOCK = 0x776C_6463
 
 Conn = psycopg.Connection[DictRow]
+
+
+class _OnePerOutage(logging.Filter):
+    """psycopg_pool warns at every failed reconnection attempt; an outage is reported once
+    when it starts and once when it ends, by the process that waits it out
+    (``runtime/patience.py``), so those per-attempt lines are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("error connecting in 'workledger'")
+
+
+logging.getLogger("psycopg.pool").addFilter(_OnePerOutage())
 # the server ended the session: shut down, crashed, restarting, or a terminated backend
 _SERVER_GONE = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown,
                 psycopg.errors.CannotConnectNow, psycopg.errors.IdleSessionTimeout,

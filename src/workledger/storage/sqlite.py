@@ -33,6 +33,24 @@ def check_version(version: str = sqlite3.sqlite_version) -> None:
         )
 
 
+def _read_only(path: str) -> str | None:
+    """Why a database cannot be opened for writing, if its folder is the reason: a ledger in
+    WAL mode writes beside its file (``-wal``, ``-shm``), even to read."""
+    if path == ":memory:":
+        return None
+    parent = Path(path).resolve().parent
+    try:
+        if os.statvfs(parent).f_flag & os.ST_RDONLY:
+            return (f"{parent} is on a read-only file system: make it writable, then run the "
+                    "command again")
+    except OSError:
+        return None
+    if not os.access(parent, os.W_OK):
+        return (f"the folder {parent} is not writable (SQLite writes its -wal and -shm files "
+                "beside the ledger): make it writable, then run the command again")
+    return None
+
+
 class SqliteStore(LedgerStore[sqlite3.Connection]):
     dialect = "sqlite"
     label = "SQLite"
@@ -56,7 +74,8 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         except sqlite3.Error as exc:
-            raise DatabaseUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+            raise DatabaseUnavailable(f"cannot open SQLite database {path}: "
+                                      f"{_read_only(path) or exc}") from exc
         self._lock = threading.RLock()
         self._lead_fd: int | None = None
 
