@@ -37,6 +37,7 @@ from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import MailSink
 from workledger.errors import UsageError
 
+OUTAGE_WAIT = 600.0  # seconds the demo waits for its database to come back, as a worker
 WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
 
 
@@ -325,7 +326,9 @@ def run_demo(db_url: str, employees: int = 2000, out_dir: str | Path = "./paysli
             config = replace(config, smtp_port=sink.port)
             if mail_outage:
                 sink.outage(mail_outage, on_first_delivery=True)
-        demo = Demo(build(db_url, config), config, period, employees, console, sink, store)
+        book = build(db_url, config)
+        book.wait_out_outages(OUTAGE_WAIT)  # the progress display outlives a database restart
+        demo = Demo(book, config, period, employees, console, sink, store)
         return _run(demo, crash_after)
     finally:
         store.close()
