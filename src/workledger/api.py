@@ -32,6 +32,7 @@ from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS, History
 from workledger.runtime.overview import MetricsSnapshot
 from workledger.runtime.patience import Patience, patient
+from workledger.runtime.processes import find_app
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
 from workledger.runtime.retention import PruneReport, parse_duration
@@ -90,6 +91,7 @@ class Ledger:
         # False: a database that holds no ledger is refused (NoLedger), not created
         self.create = create
         self.jobs: dict[str, Job] = {}
+        self.app: str | None = None  # module:attribute naming this ledger (set by --app)
         self.rng = random.Random(seed)
         self._store: Store | None = None
         self._lock = threading.Lock()
@@ -215,11 +217,13 @@ class Ledger:
         on_progress: Callable[[WorkReport], None] | None = None,
         timeout: float | None = None,
         db_retry_for: float = 600.0,
+        processes: int = 1,
+        app: str | None = None,
     ) -> WorkReport:
         """Claim, run and complete items until stopped (or, with ``until_idle``, until idle)."""
         return self.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk,
                            lease=lease, jobs=jobs, on_progress=on_progress, timeout=timeout,
-                           db_retry_for=db_retry_for).run()
+                           db_retry_for=db_retry_for, processes=processes, app=app).run()
 
     def worker(
         self,
@@ -232,15 +236,22 @@ class Ledger:
         on_progress: Callable[[WorkReport], None] | None = None,
         timeout: float | None = None,
         db_retry_for: float = 600.0,
+        processes: int = 1,
+        app: str | None = None,
     ) -> Worker:
         """A worker for the loaded jobs (or ``jobs``). ``timeout``: a handler's time limit
         where its stage sets none. ``db_retry_for``: seconds of continuous database outage it
-        waits out before it gives up (``OutageTooLong``)."""
+        waits out before it gives up (``OutageTooLong``). ``processes``: run handlers in that
+        many child processes (more than 1), each importing ``app`` (``module:attribute``
+        naming this ledger; found by itself when this ledger is a module's attribute)."""
         chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
         for job in chosen.values():
             job.check_ready()
+        if processes > 1:
+            app = app or self.app or find_app(self)
         options = WorkerOptions(concurrency=concurrency, chunk=chunk, lease=lease,
-                                until_idle=until_idle, timeout=timeout)
+                                until_idle=until_idle, timeout=timeout, processes=processes,
+                                app=app)
         store = patient(self.store, Patience(db_retry_for, rng=random.Random(self.rng.random())))
         worker = Worker(store, chosen, options, rng=random.Random(self.rng.random()),
                         on_progress=on_progress)

@@ -72,4 +72,5 @@ def load_app(spec: str) -> Ledger:
         raise AppError(f"cannot load app {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, Ledger):
         raise AppError(f"cannot load app {spec!r}: it is a {type(obj).__name__}, not a Ledger")
+    obj.app = spec  # what a worker's handler processes import
     return obj

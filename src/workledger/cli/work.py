@@ -153,6 +153,10 @@ def report_line(report: WorkReport, how: str) -> str:
 @click.command()
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Handler threads.")
+@click.option("--processes", type=click.IntRange(1, limits.PROCESSES_MAX), default=1,
+              show_default=True,
+              help="Run handlers in this many child processes, each importing --app (for "
+                   "CPU-bound stages; 1: the worker's own threads only).")
 @click.option("--chunk", type=click.IntRange(1, limits.CHUNK_MAX), default=100,
               show_default=True, help="Items claimed per claim.")
 @click.option("--lease", type=Seconds(limits.LEASE_MAX), default=30.0, show_default=True,
@@ -172,7 +176,8 @@ def report_line(report: WorkReport, how: str) -> str:
 @logs.LEVEL_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @click.pass_obj
-def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until_idle: bool,
+def worker(settings: Settings, concurrency: int, processes: int, chunk: int, lease: float,
+           until_idle: bool,
            jobs: tuple[str, ...], timeout: float | None, db_retry_for: float, log_format: str,
            log_level: str, as_json: bool) -> None:
     """Claim items in chunks under leases, run their handlers, record outcomes. Needs --app
@@ -180,7 +185,8 @@ def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until
 
     It waits out a database outage (dropped connections, a restart) for up to --db-retry-for
     seconds, logging it once when it starts and once when it ends. A handler past its time
-    limit is abandoned and its item settled by its stage's declaration; with more stuck
+    limit is abandoned and its item settled by its stage's declaration (in a child process,
+    with --processes, the process is killed and replaced); with more stuck
     handlers than --concurrency it exits 3 so that a supervisor restarts it. It logs its
     lifecycle to stderr (start, a summary every 30 s, outages, timeouts, stale results, stop;
     nothing per item at info). SIGTERM or SIGINT stops it cleanly: running handlers finish,
@@ -192,7 +198,8 @@ def worker(settings: Settings, concurrency: int, chunk: int, lease: float, until
     if not ledger.jobs:
         raise UsageError("no jobs to work on: pass --app module:attribute or set WORKLEDGER_APP")
     w = ledger.worker(concurrency=concurrency, until_idle=until_idle, chunk=chunk, lease=lease,
-                      jobs=list(jobs) or None, timeout=timeout, db_retry_for=db_retry_for)
+                      jobs=list(jobs) or None, timeout=timeout, db_retry_for=db_retry_for,
+                      processes=processes)
     with stop_on_signals(w) as received:
         report = w.run()
     how = (f"stopped by {signal.Signals(received[0]).name}" if received else

@@ -44,6 +44,7 @@ ID_MAX = 2**63 - 1
 
 # Items claimed at once: one statement and one lease token per chunk.
 CHUNK_MAX = 10_000
+PROCESSES_MAX = 256  # worker --processes
 
 # Seconds: a lease (renewed by its holder every third of it) and the sweeper's grace. Both
 # databases compute times from them; beyond these they overflow (PostgreSQL) or turn NULL

@@ -31,6 +31,7 @@ from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
 from workledger.runtime.execute import run_handler, to_finish
 from workledger.runtime.executors import Executor
 from workledger.runtime.jobs import Job
+from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
 from workledger.storage.port import (
     ClaimedItem,
     Finish,
@@ -47,7 +48,8 @@ log = logging.getLogger("workledger.worker")
 
 SLICE_MAX = 32  # items per executor task at most
 QUEUED_POLL = 0.05  # seconds between looks at a timed task that has not started yet
-Ran = tuple[ClaimedItem, Outcome | None]  # None: not started (the worker was stopping)
+# None: not started (the worker was stopping, or the process before it died)
+Ran = tuple[ClaimedItem, Outcome | HolderLost | None]
 Tasks = dict[Future[list[Ran]], list[ClaimedItem]]
 
 
@@ -60,10 +62,11 @@ class Chunk:
     """The outcomes of one claimed chunk waiting to be written, and the leases still held."""
 
     def __init__(self, worker: Worker, executor: Executor, job: Job,
-                 items: list[ClaimedItem]) -> None:
+                 items: list[ClaimedItem], processes: ProcessExecutor | None = None) -> None:
         self.worker = worker
         self.store: Store = worker.store
-        self.executor = executor
+        self.executor = executor  # threads of this process
+        self.processes = processes  # child processes, with `worker --processes N`
         self.job = job
         self.items = items
         self.run_id = items[0].run_id
@@ -105,9 +108,14 @@ class Chunk:
     def _run_pooled(self, items: list[ClaimedItem]) -> None:
         # Handlers run in small slices, not one task per item: a task costs more than a no-op
         # handler, and a slice still leaves the other threads busy.
-        size = max(1, min(SLICE_MAX, len(items) // (self.executor.size * 8)))
-        tasks: Tasks = {self._submit(items[i:i + size]): items[i:i + size]
-                        for i in range(0, len(items), size)}
+        tasks: Tasks = {}
+        for executor in (self.executor, self.processes):
+            mine = [i for i in items if executor is not None and self.executor_for(i) is executor]
+            if executor is None or not mine:
+                continue
+            size = max(1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
+            tasks.update({self._submit(mine[i:i + size]): mine[i:i + size]
+                          for i in range(0, len(mine), size)})
         self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
 
     def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str]) -> None:
@@ -118,8 +126,7 @@ class Chunk:
         running: Tasks = {}
 
         def feed() -> None:
-            free = 0 if self.worker.stopping else self.executor.size - len(running)
-            take = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+            take = [] if self.worker.stopping else self._fits(waiting, running)
             marked = set(self.flush(start=[i for i in take if i.stage in recorded]))
             for item in take:
                 if item.stage not in recorded or item.id in marked:  # else its lease is lost
@@ -131,8 +138,30 @@ class Chunk:
         feed()
         self.wait(running, lambda f, _: self._collect(f.result(), 1), after=feed)
 
+    def executor_for(self, item: ClaimedItem) -> Executor:
+        """The child processes, if the worker has them and the stage does not ask for threads;
+        else this process's threads."""
+        if self.processes is None or self.job.stage_named(item.stage).executor == "thread":
+            return self.executor
+        return self.processes
+
+    def _fits(self, waiting: deque[ClaimedItem], running: Tasks) -> list[ClaimedItem]:
+        """Take from ``waiting`` as many items as their executors have free slots."""
+        busy = Counter(id(self.executor_for(items[0])) for items in running.values())
+        take = []
+        for item in list(waiting):
+            executor = self.executor_for(item)
+            if busy[id(executor)] < executor.size:
+                busy[id(executor)] += 1
+                take.append(item)
+                waiting.remove(item)
+        return take
+
     def _submit(self, items: list[ClaimedItem]) -> Future[list[Ran]]:
-        return self.executor.submit(lambda: self._run_slice(items))
+        executor = self.executor_for(items[0])
+        if isinstance(executor, ProcessExecutor):
+            return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id))
+        return executor.submit(lambda: self._run_slice(items))
 
     def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:
         """Run items one after another; once the worker is stopping, leave the rest unstarted."""
@@ -153,6 +182,12 @@ class Chunk:
         for item, outcome in ran:
             if outcome is None:
                 unstarted.append(item.id)
+            elif isinstance(outcome, HolderLost):  # its process died while running it
+                self.worker.report.lost_processes += 1
+                log.warning("run %s: item %s/%s (key %s): %s", item.run_id, item.stage,
+                            item.seq, item.key, outcome.reason)
+                self.add(to_finish(self.job, item, self._vanished(item, outcome.reason),
+                                   item.attempts + 1, self.worker.rng.random(), charge))
             else:
                 self.add(to_finish(self.job, item, outcome, item.attempts + 1,
                                    self.worker.rng.random(), charge))
@@ -198,7 +233,7 @@ class Chunk:
     def _next_deadline(self, left: Tasks, now: float) -> float:
         soonest = 3600.0
         for f, items in left.items():
-            limit, started = self._limit(items), self.executor.started_at(f)
+            limit, started = self._limit(items), self.executor_for(items[0]).started_at(f)
             if limit is None:
                 continue
             # a timed task still queued has no deadline yet: look again soon, or one that
@@ -209,25 +244,28 @@ class Chunk:
     def _abandon_late(self, left: Tasks, charge: int) -> None:
         now = self.worker.clock()
         for f, items in list(left.items()):
-            limit, started = self._limit(items), self.executor.started_at(f)
+            limit, started = self._limit(items), self.executor_for(items[0]).started_at(f)
             if limit is None or started is None or now - started < limit or f.done():
                 continue
-            self.executor.abandon(f)
+            self.executor_for(items[0]).abandon(f)
             left.pop(f)
             self._settle_timeout(items[0], limit, charge)
             self.worker.late.add(f, self.job, self.run_id, charge)
 
+    def _vanished(self, item: ClaimedItem, reason: str) -> Outcome:
+        """What becomes of an item whose handler was lost mid-run, by its stage's declaration:
+        what the sweeper would do once its lease expired, but at once."""
+        stage = self.job.stage_named(item.stage)
+        if stage.idempotent:
+            return RetryLater(reason)  # an attempt charged; failed after max_attempts
+        if stage.verify is not None:
+            return Unknown(AWAITING_VERIFY)  # the sweeper asks the hook
+        return Unknown(reason)  # a person resolves it
+
     def _settle_timeout(self, item: ClaimedItem, limit: float, charge: int) -> None:
         """As if its holder had vanished, by the stage's declaration, but at once."""
         stage = self.job.stage_named(item.stage)
-        reason = f"timeout after {limit:g}s"
-        outcome: Outcome
-        if stage.idempotent:
-            outcome = RetryLater(reason)  # an attempt charged; failed after max_attempts
-        elif stage.verify is not None:
-            outcome = Unknown(AWAITING_VERIFY)  # the sweeper asks the hook
-        else:
-            outcome = Unknown(reason)  # a person resolves it
+        outcome = self._vanished(item, f"timeout after {limit:g}s")
         self.add(to_finish(self.job, item, outcome, item.attempts + 1, self.worker.rng.random(),
                            charge))
         self.worker.report.abandoned += 1
@@ -306,7 +344,8 @@ class LateResults:
         self.pending = [p for p in self.pending if not p[0].done()]
         for future, job, run_id, charge in done:
             finishes = [to_finish(job, item, outcome, item.attempts + 1, 0.0, charge)
-                        for item, outcome in _ran(future) if outcome is not None]
+                        for item, outcome in _ran(future)
+                        if outcome is not None and not isinstance(outcome, HolderLost)]
             if finishes:
                 result = worker.store.items_finish_if_leased(
                     FinishParams(run_id, finishes, actor=worker.worker_id))

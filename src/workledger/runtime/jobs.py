@@ -35,6 +35,7 @@ class Stage:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     verify: Verify | None = None
     timeout: float | None = None  # seconds a handler (and the verify hook) may run
+    executor: str | None = None  # "thread" keeps it in the worker's threads; None: where it can
 
     def limit(self, default: float | None) -> float | None:
         """Its time limit: its own, else the worker's default (``worker --timeout``)."""
@@ -84,14 +85,23 @@ class Job:
         after: str | None = None,
         verify: Verify | None = None,
         timeout: float | None = None,
+        executor: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it).
+
+        ``executor``: where its handlers run best. ``"process"`` (the default when the worker
+        has ``--processes N``): in the worker's child processes, for CPU-bound work;
+        ``"thread"``: in the worker's own threads, for I/O-bound work or a handler that needs
+        the worker's memory.
 
         ``timeout``: seconds a handler may run. One still running then is abandoned: its item
         is settled as if its holder had vanished (idempotent: back to pending, an attempt
         charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
         stale, and the verify hook is held to the same limit."""
         _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
+        if executor not in (None, "thread", "process"):
+            raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread' or "
+                             f"'process', not {executor!r}")
         problem = text_problem("stage name", name, NAME_BYTES)
         if problem is not None:
             raise UsageError(f"job {self.name!r}: {problem}")
@@ -108,7 +118,8 @@ class Job:
 
         def register(fn: Handler) -> Handler:
             _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
-            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout))
+            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout,
+                                     None if executor == "process" else executor))
             self._after.clear()
             return fn
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.jobs import Job
+from workledger.runtime.processes import ProcessExecutor
 from workledger.runtime.sweeper import Sweeper, SweepLoop, SweepReport
 from workledger.storage.port import ClaimedItem, ClaimParams, Store
 
@@ -42,6 +43,8 @@ class WorkerOptions:
     reclaim_every: float | None = None  # the sweeper's period; default min(lease / 2, 10 s)
     timeout: float | None = None  # a handler's time limit where its stage sets none
     log_every: float = 30.0  # seconds between the summaries the worker logs
+    processes: int = 1  # child processes for handlers (1: the worker's own threads only)
+    app: str | None = None  # module:attribute the child processes import
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.chunk < 1:
@@ -50,6 +53,10 @@ class WorkerOptions:
             raise ValueError("lease must be positive")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError("timeout must be positive")
+        if self.processes < 1:
+            raise ValueError("processes must be at least 1")
+        if self.processes > 1 and not self.app:
+            raise ValueError("handler processes need the app they import (module:attribute)")
 
 
 @dataclass
@@ -64,6 +71,7 @@ class WorkReport:
     reclaimed: int = 0
     chunks: int = 0
     abandoned: int = 0  # handlers abandoned past their time limit
+    lost_processes: int = 0  # items whose handler process died while running them
     stuck: bool = False  # stopped because more handlers were stuck than it has threads
     by_state: dict[str, int] = field(default_factory=dict)
 
@@ -104,6 +112,7 @@ class Worker:
         self._logged_at = clock()
         self._logged: dict[str, int] = {}
         self.late = LateResults()  # results of handlers abandoned past their time limit
+        self.processes: ProcessExecutor | None = None  # with options.processes > 1
 
     # -- control ---------------------------------------------------------------------------
 
@@ -116,13 +125,19 @@ class Worker:
         return self._stop.is_set()
 
     def run(self) -> WorkReport:
-        executor = ThreadExecutor(self.options.concurrency)
+        opts = self.options
+        self.processes = (ProcessExecutor(opts.processes, opts.app)
+                          if opts.processes > 1 and opts.app else None)
+        executor = ThreadExecutor(opts.concurrency)
         sweeps = self._sweep_loop()
         log.info("worker %s: started%s: jobs %s; concurrency %d, chunk %d, lease %gs%s",
                  self.worker_id, f" on {self.where}" if self.where else "",
                  ", ".join(sorted(self.jobs)), self.options.concurrency,
                  self.options.chunk, self.options.lease,
                  f", timeout {self.options.timeout:g}s" if self.options.timeout else "")
+        if self.processes is not None:
+            log.info("worker %s: %d handler processes importing %s", self.worker_id,
+                     opts.processes, opts.app)
         try:
             if sweeps is not None:
                 sweeps.start()
@@ -131,6 +146,8 @@ class Worker:
             if sweeps is not None:
                 sweeps.stop()
             executor.shutdown()
+            if self.processes is not None:
+                self.processes.shutdown()
         log.info("worker %s: stopped: %s", self.worker_id, _summary(self.report))
         return self.report
 
@@ -226,7 +243,7 @@ class Worker:
     # -- processing ------------------------------------------------------------------------
 
     def _process(self, chunk: list[ClaimedItem], executor: Executor) -> None:
-        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk).process()
+        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk, self.processes).process()
         self.report.chunks += 1
         if self.on_progress:
             self.on_progress(self.report)

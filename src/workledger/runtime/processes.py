@@ -1,0 +1,271 @@
+"""Handlers in child processes (``worker --processes N``), so CPU-bound stages use every core.
+
+Each child imports the app (``module:attribute``, the ``--app`` of the worker) and runs the
+handlers of the slices it is sent, one item at a time, reporting each outcome as it comes. The
+parent keeps claiming, renewing leases and writing every outcome, fenced, as with threads: one
+writer to the database whatever the number of children, and fencing does not change.
+
+A child that dies (a poison item, the OOM killer) is replaced. Only the item it was running is
+affected: the outcomes it reported before are kept, the items after it never started and are
+released, and the one it was running comes back as :class:`HolderLost`, which the worker
+settles by the stage's declaration, as if that item's holder had vanished. A handler past its
+time limit is a hard limit here: its child is killed (and replaced), unlike a thread.
+
+Children are started with ``spawn``: a fresh interpreter that imports the app, never a fork of
+a process that holds database connections and threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from workledger.core.outcomes import Outcome
+from workledger.errors import AppError, UsageError
+from workledger.storage.port import ClaimedItem
+
+POLL = 0.05  # seconds between looks at a running child (its outcome, its death, an abandon)
+START_TIMEOUT = 60.0  # seconds a child may take to import the app
+
+
+@dataclass(frozen=True)
+class HolderLost:
+    """The process running the item died (or was killed at its time limit) before it said
+    how the item ended."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Slice:
+    """What a child is sent: the items of one job to run in turn."""
+
+    job: str
+    items: Sequence[ClaimedItem]
+    worker_id: str
+
+
+Ran = tuple[ClaimedItem, "Outcome | HolderLost | None"]  # None: never started
+
+
+def import_app(spec: str) -> Any:
+    """The object ``module:attribute`` names (a Ledger), for a child process."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # as the CLI's --app: the current folder, after libraries
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def find_app(obj: Any) -> str:
+    """``module:attribute`` of an imported module that holds ``obj``, for child processes to
+    import it by; a UsageError when there is none (a ledger made in ``__main__`` or inside a
+    function cannot be imported by a child)."""
+    for name, module in list(sys.modules.items()):
+        if module is None or name in ("__main__", "__mp_main__"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is obj:
+                return f"{name}:{attr}"
+    raise UsageError("handler processes import the app: name the module attribute that holds "
+                     "this ledger (processes=N, app='module:attribute'; the CLI's --app)")
+
+
+def _child_main(app: str, conn: Connection) -> None:
+    """A child's life: import the app, then run slices until told to stop (None) or until the
+    parent is gone (its end of the pipe closes)."""
+    from workledger.runtime.execute import run_handler
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        jobs = import_app(app).jobs
+    except BaseException as exc:  # noqa: BLE001 - told to the parent, which says it in one line
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        job = jobs[task.job]
+        try:
+            for index, item in enumerate(task.items):
+                stage = job.stage_named(item.stage)
+                outcome = run_handler(job, stage, item, item.attempts + 1, task.worker_id)
+                conn.send(("outcome", (index, outcome)))
+            conn.send(("end", None))
+        except OSError:  # the parent is gone: nobody would write the outcome
+            return
+
+
+class _Child:
+    def __init__(self, app: str, name: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(app, theirs), name=name, daemon=True)
+        self.proc.start()
+        theirs.close()
+        if not self.conn.poll(START_TIMEOUT):
+            self.kill()
+            raise AppError(f"a handler process did not start within {START_TIMEOUT:g}s")
+        try:
+            kind, detail = self.conn.recv()
+        except EOFError:
+            kind, detail = "error", f"it exited with code {self.proc.exitcode}"
+        if kind != "ready":
+            self.kill()
+            raise AppError(f"a handler process cannot load the app {app!r}: {detail}")
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(5)
+        self.kill()
+
+
+@dataclass(eq=False)
+class _Task:
+    future: Future[list[Ran]]
+    work: Slice
+    started: float | None = None
+    abandoned: bool = field(default=False)
+
+
+class ProcessExecutor:
+    """``size`` child processes, each fed by a thread of the parent that owns its pipe."""
+
+    def __init__(self, size: int, app: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.size = size
+        self.app = app
+        self.clock = clock
+        self.deaths = 0  # children that died or were killed, each replaced
+        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._tasks: dict[Future[Any], _Task] = {}
+        self._lock = threading.Lock()
+        children = [_Child(app, f"wl-process-{i + 1}") for i in range(size)]
+        self._threads = [threading.Thread(target=self._feed, args=(c,), daemon=True,
+                                          name=f"wl-process-feed-{i + 1}")
+                         for i, c in enumerate(children)]
+        for t in self._threads:
+            t.start()
+
+    # -- the Executor interface --------------------------------------------------------------
+
+    def submit_slice(self, work: Slice) -> Future[list[Ran]]:
+        future: Future[list[Ran]] = Future()
+        task = _Task(future, work)
+        with self._lock:
+            self._tasks[future] = task
+        self._queue.put(task)
+        return future
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        raise TypeError("a process executor runs slices of items (submit_slice), not callables")
+
+    def started_at(self, future: Future[Any]) -> float | None:
+        with self._lock:
+            task = self._tasks.get(future)
+        return None if task is None else task.started
+
+    def abandon(self, future: Future[Any]) -> None:
+        """Past its time limit: its child is killed (and replaced) by the thread feeding it."""
+        with self._lock:
+            task = self._tasks.get(future)
+            if task is not None:
+                task.abandoned = True
+
+    @property
+    def stuck(self) -> int:
+        return 0  # a child past its limit is killed, never left running
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(30)
+
+    # -- feeding one child -------------------------------------------------------------------
+
+    def _feed(self, child: _Child) -> None:
+        while (task := self._queue.get()) is not None:
+            if not task.future.set_running_or_notify_cancel():
+                self._forget(task)
+                continue
+            task.started = self.clock()
+            ran, alive = self._run(child, task)
+            if not alive:
+                child.kill()
+                with self._lock:
+                    self.deaths += 1
+                child = self._replace(child)
+            self._forget(task)
+            task.future.set_result(ran)
+        child.stop()
+
+    def _run(self, child: _Child, task: _Task) -> tuple[list[Ran], bool]:
+        """Send the slice and gather its outcomes; (what ran, whether the child lives on)."""
+        items = list(task.work.items)
+        outcomes: list[Outcome | HolderLost | None] = [None] * len(items)
+        try:
+            child.conn.send(task.work)
+            while True:
+                if task.abandoned:
+                    return self._lost(items, outcomes, "killed at its time limit"), False
+                if not child.conn.poll(POLL):
+                    if not child.proc.is_alive():
+                        break
+                    continue
+                kind, detail = child.conn.recv()
+                if kind == "end":
+                    return list(zip(items, outcomes, strict=True)), True
+                index, outcome = detail
+                outcomes[index] = outcome
+        except (EOFError, OSError):
+            pass
+        child.proc.join(1)
+        reason = f"its process died (exit code {child.proc.exitcode})"
+        return self._lost(items, outcomes, reason), False
+
+    @staticmethod
+    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str) -> list[Ran]:
+        """The first item without an outcome was running: it is lost; the rest never ran."""
+        ran: list[Ran] = []
+        running = next((i for i, o in enumerate(outcomes) if o is None), None)
+        for i, (item, outcome) in enumerate(zip(items, outcomes, strict=True)):
+            ran.append((item, HolderLost(reason) if i == running else outcome))
+        return ran
+
+    def _replace(self, dead: _Child) -> _Child:
+        while True:
+            try:
+                return _Child(self.app, dead.proc.name)
+            except AppError:
+                time.sleep(1.0)  # the app failed to import now: try again, do not spin
+
+    def _forget(self, task: _Task) -> None:
+        with self._lock:
+            self._tasks.pop(task.future, None)
