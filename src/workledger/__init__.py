@@ -8,9 +8,10 @@ items. See README.md and docs/.
 from workledger.api import Ledger, RunStatus, Submission
 from workledger.core.outcomes import Item, Permanent, Retry, Skip
 from workledger.errors import WorkledgerError
-from workledger.runtime.execute import Context, ItemView
+from workledger.runtime.execute import BatchContext, Context, ItemView
 
 __all__ = [
+    "BatchContext",
     "Context",
     "Item",
     "ItemView",

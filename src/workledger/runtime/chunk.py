@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
-from workledger.runtime.execute import run_handler, to_finish
+from workledger.runtime.execute import run_batch, run_handler, to_finish
 from workledger.runtime.executors import Executor
 from workledger.runtime.jobs import Job
 from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
@@ -114,25 +114,41 @@ class Chunk:
             if executor is None or not mine:
                 continue
             size = max(1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
-            tasks.update({self._submit(mine[i:i + size]): mine[i:i + size]
-                          for i in range(0, len(mine), size)})
+            tasks.update({self._submit(unit): unit for unit in self._units(mine, size)})
         self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
+
+    def _units(self, items: list[ClaimedItem], size: int) -> list[list[ClaimedItem]]:
+        """The tasks ``items`` make: a batch stage's items in batches of its size (one handler
+        call each), the others in slices of ``size``."""
+        units: list[list[ClaimedItem]] = []
+        plain = [i for i in items if not self._batch_of(i)]
+        units += [plain[i:i + size] for i in range(0, len(plain), size)]
+        for stage in dict.fromkeys(i.stage for i in items if self._batch_of(i)):
+            mine = [i for i in items if i.stage == stage]
+            n = self._batch_of(mine[0])
+            units += [mine[i:i + n] for i in range(0, len(mine), n)]
+        return units
+
+    def _batch_of(self, item: ClaimedItem) -> int:
+        return self.job.stage_named(item.stage).batch or 0
 
     def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str]) -> None:
         """One item per task, in rounds: each round's transaction writes the outcomes that came
         in and records the starts of the next items of recorded stages, so a worker killed at
         any moment leaves in doubt only the handlers that were running."""
-        waiting = deque(items)
+        waiting = deque(self._units(items, 1))  # an item, or a batch of a batch stage
         running: Tasks = {}
 
         def feed() -> None:
             take = [] if self.worker.stopping else self._fits(waiting, running)
-            marked = set(self.flush(start=[i for i in take if i.stage in recorded]))
-            for item in take:
-                if item.stage not in recorded or item.id in marked:  # else its lease is lost
-                    running[self._submit([item])] = [item]
+            marked = set(self.flush(start=[i for u in take for i in u if i.stage in recorded]))
+            for unit in take:
+                # an item whose start was not recorded has lost its lease: the new holder owns it
+                unit = [i for i in unit if i.stage not in recorded or i.id in marked]
+                if unit:
+                    running[self._submit(unit)] = unit
             if self.worker.stopping and waiting:
-                self.release([i.id for i in waiting])
+                self.release([i.id for u in waiting for i in u])
                 waiting.clear()
 
         feed()
@@ -145,16 +161,17 @@ class Chunk:
             return self.executor
         return self.processes
 
-    def _fits(self, waiting: deque[ClaimedItem], running: Tasks) -> list[ClaimedItem]:
-        """Take from ``waiting`` as many items as their executors have free slots."""
+    def _fits(self, waiting: deque[list[ClaimedItem]], running: Tasks
+              ) -> list[list[ClaimedItem]]:
+        """Take from ``waiting`` as many units as their executors have free slots."""
         busy = Counter(id(self.executor_for(items[0])) for items in running.values())
         take = []
-        for item in list(waiting):
-            executor = self.executor_for(item)
+        for unit in list(waiting):
+            executor = self.executor_for(unit[0])
             if busy[id(executor)] < executor.size:
                 busy[id(executor)] += 1
-                take.append(item)
-                waiting.remove(item)
+                take.append(unit)
+                waiting.remove(unit)
         return take
 
     def _submit(self, items: list[ClaimedItem]) -> Future[list[Ran]]:
@@ -165,6 +182,12 @@ class Chunk:
 
     def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:
         """Run items one after another; once the worker is stopping, leave the rest unstarted."""
+        first = self.job.stage_named(items[0].stage)
+        if first.batch:  # one call for the whole batch (a task never mixes stages then)
+            if self.worker.stopping:
+                return [(item, None) for item in items]
+            return list(zip(items, run_batch(self.job, first, items, self.worker.worker_id),
+                            strict=True))
         ran: list[Ran] = []
         stage = None
         for item in items:
@@ -228,7 +251,10 @@ class Chunk:
                 self.flush()
 
     def _limit(self, items: list[ClaimedItem]) -> float | None:
-        return self.limits.get(items[0].stage) if len(items) == 1 else None
+        """The time limit of a task of one item, or of one batch call."""
+        if len(items) == 1 or self._batch_of(items[0]):
+            return self.limits.get(items[0].stage)
+        return None
 
     def _next_deadline(self, left: Tasks, now: float) -> float:
         soonest = 3600.0
@@ -249,7 +275,8 @@ class Chunk:
                 continue
             self.executor_for(items[0]).abandon(f)
             left.pop(f)
-            self._settle_timeout(items[0], limit, charge)
+            for item in items:
+                self._settle_timeout(item, limit, charge)
             self.worker.late.add(f, self.job, self.run_id, charge)
 
     def _vanished(self, item: ClaimedItem, reason: str) -> Outcome:

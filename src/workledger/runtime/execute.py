@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from workledger.core.outcomes import (
@@ -14,6 +14,7 @@ from workledger.core.outcomes import (
     Permanent,
     Processed,
     Retry,
+    RetryLater,
     Skip,
     decide,
     outcome_of_exception,
@@ -55,6 +56,19 @@ class Context(NamedTuple):
     lease_token: int
 
 
+class BatchContext(NamedTuple):
+    """What a batch handler sees besides its items: one per call. ``attempts`` and
+    ``idempotency_keys`` hold one entry per item, in the order of the items."""
+
+    run_id: int
+    job: str
+    stage: str
+    attempts: tuple[int, ...]
+    idempotency_keys: tuple[str, ...]
+    worker_id: str
+    lease_token: int
+
+
 def context_for(job: Job, item: ClaimedItem | Any, attempt: int, worker_id: str) -> Context:
     return Context(item.run_id, job.name, item.stage, attempt,
                    f"{item.run_id}/{item.stage}/{item.seq}", worker_id, item.lease_token or 0)
@@ -78,12 +92,55 @@ def run_handler(
             value = stage.handler(view_of(item), context_for(job, item, attempt, worker_id))
     except Exception as exc:  # a handler's failure is data, never a worker crash
         return outcome_of_exception(exc, trace_of(exc))
+    return result_outcome(value)
+
+
+def result_outcome(value: Any) -> Outcome:
+    """What a handler's return value means: a result to store (or one that cannot be)."""
     if value is None:
         return _PROCESSED_NONE
     try:
         return Processed(json_text(value))
     except Unstorable as exc:
         return Failed(f"handler returned a result that cannot be stored: {exc}")
+
+
+def run_batch(job: Job, stage: Stage, items: Sequence[ClaimedItem], worker_id: str
+              ) -> list[Outcome]:
+    """Run a batch stage's handler once for ``items`` (one run, one stage) and classify each
+    entry it returned; an exception, or a list of the wrong length, is every item's outcome."""
+    outcomes: list[Outcome | None] = [
+        Failed(f"its data cannot be read back: {i.data}") if type(i.data) is Undecodable
+        else None for i in items]
+    todo = [i for i, o in zip(items, outcomes, strict=True) if o is None]
+    if not todo:
+        return [o for o in outcomes if o is not None]
+    ctx = BatchContext(todo[0].run_id, job.name, stage.name,
+                       tuple(i.attempts + 1 for i in todo),
+                       tuple(f"{i.run_id}/{i.stage}/{i.seq}" for i in todo),
+                       worker_id, todo[0].lease_token or 0)
+    try:
+        values = stage.handler([view_of(i) for i in todo], ctx)
+    except Exception as exc:  # the whole batch failed the same way
+        every: list[Outcome] = [outcome_of_exception(exc, trace_of(exc))] * len(todo)
+    else:
+        if not isinstance(values, list | tuple) or len(values) != len(todo):
+            what = (f"{len(values)} entries" if isinstance(values, list | tuple)
+                    else f"a {type(values).__name__}")
+            every = [RetryLater(f"the batch handler returned {what}, not a list of "
+                                f"{len(todo)} entries, one per item")] * len(todo)
+        else:
+            every = [entry_outcome(v) for v in values]
+    it = iter(every)
+    return [o if o is not None else next(it) for o in outcomes]
+
+
+def entry_outcome(value: Any) -> Outcome:
+    """One entry of a batch handler's list: an outcome (``Retry``, ``Permanent``, ``Skip``,
+    or any exception: retried) or a result."""
+    if isinstance(value, BaseException):
+        return outcome_of_exception(value, None)
+    return result_outcome(value)
 
 
 def trace_of(exc: BaseException) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workledger.core import limits
 from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
 from workledger.core.retry import RetryPolicy
@@ -36,6 +37,7 @@ class Stage:
     verify: Verify | None = None
     timeout: float | None = None  # seconds a handler (and the verify hook) may run
     executor: str | None = None  # "thread" keeps it in the worker's threads; None: where it can
+    batch: int | None = None  # a batch handler: called with up to this many items at once
 
     def limit(self, default: float | None) -> float | None:
         """Its time limit: its own, else the worker's default (``worker --timeout``)."""
@@ -86,6 +88,7 @@ class Job:
         verify: Verify | None = None,
         timeout: float | None = None,
         executor: str | None = None,
+        batch: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it).
 
@@ -94,11 +97,21 @@ class Job:
         ``"thread"``: in the worker's own threads, for I/O-bound work or a handler that needs
         the worker's memory.
 
+        ``batch``: the handler is called with a list of up to that many items of one run and
+        one :class:`~workledger.BatchContext`, and returns a list of the same length whose
+        entries are each a result or an outcome (``Retry(...)``, ``Permanent(...)``,
+        ``Skip(...)``): a batch where some items succeeded and some did not. Raising applies to
+        the whole batch. Each item keeps its own state, attempts, fencing and idempotency key.
+
         ``timeout``: seconds a handler may run. One still running then is abandoned: its item
         is settled as if its holder had vanished (idempotent: back to pending, an attempt
         charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
         stale, and the verify hook is held to the same limit."""
         _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
+                                  or not 1 <= batch <= limits.CHUNK_MAX):
+            raise UsageError(f"job {self.name!r}, stage {name!r}: batch must be a whole number "
+                             f"from 1 to {limits.CHUNK_MAX:,}, not {batch!r}")
         if executor not in (None, "thread", "process"):
             raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread' or "
                              f"'process', not {executor!r}")
@@ -119,7 +132,7 @@ class Job:
         def register(fn: Handler) -> Handler:
             _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
             self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout,
-                                     None if executor == "process" else executor))
+                                     None if executor == "process" else executor, batch))
             self._after.clear()
             return fn
 

@@ -87,7 +87,7 @@ def find_app(obj: Any) -> str:
 def _child_main(app: str, conn: Connection) -> None:
     """A child's life: import the app, then run slices until told to stop (None) or until the
     parent is gone (its end of the pipe closes)."""
-    from workledger.runtime.execute import run_handler
+    from workledger.runtime.execute import run_batch, run_handler
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
@@ -105,7 +105,12 @@ def _child_main(app: str, conn: Connection) -> None:
             return
         job = jobs[task.job]
         try:
-            for index, item in enumerate(task.items):
+            first = job.stage_named(task.items[0].stage)
+            if first.batch:  # one call for the batch, then every outcome
+                for index, outcome in enumerate(run_batch(job, first, task.items,
+                                                          task.worker_id)):
+                    conn.send(("outcome", (index, outcome)))
+            for index, item in enumerate([] if first.batch else task.items):
                 stage = job.stage_named(item.stage)
                 outcome = run_handler(job, stage, item, item.attempts + 1, task.worker_id)
                 conn.send(("outcome", (index, outcome)))
