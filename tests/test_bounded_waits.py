@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
@@ -113,3 +114,91 @@ def test_a_closing_hook_past_its_time_limit_is_a_failed_attempt_tried_again(
         release.set()
         ledger.close()
 
+
+
+def test_items_waiting_their_turn_in_a_timed_stage_keep_their_lease(db_url: str) -> None:
+    """A stage with a time limit runs one item per task; the items of the chunk still waiting
+    for a thread have their leases renewed too, so none is taken back and run twice."""
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+    ledger = Ledger(db_url)
+    job = ledger.job("timed")
+    job.decompose(lambda p: (Item(key=f"k{i}") for i in range(24)))
+
+    @job.stage("s", idempotent=True, timeout=30)
+    def s(item: Any, ctx: Any) -> None:
+        with lock:
+            runs[str(item.key)] += 1
+        time.sleep(0.25)
+
+    run_id = job.submit({}).run_id
+    report = ledger.work(concurrency=2, chunk=24, lease=2.0, until_idle=True)
+    try:
+        assert (report.processed, report.stale, report.reclaimed) == (24, 0, 0)
+        assert set(runs.values()) == {1} and len(runs) == 24
+        assert ledger.status(run_id).state == "completed"
+    finally:
+        ledger.close()
+
+
+def _with_options(pg_url: str, extra: str) -> str:
+    if "options=" in pg_url:  # the test URL names its schema in options: add to them
+        return pg_url.replace("options=", "options=" + quote(extra + " ", safe=""), 1)
+    sep = "&" if "?" in pg_url else "?"
+    return f"{pg_url}{sep}options={quote(extra, safe='')}"
+
+
+def test_a_lock_held_past_lock_timeout_is_waited_out_not_fatal(pg_url: str) -> None:
+    """A worker whose write waits past lock_timeout (an operator's long transaction holding
+    the run row) tries it again, rolled back whole, instead of exiting."""
+    import psycopg
+
+    url = _with_options(pg_url, "-c lock_timeout=500ms")
+    ledger = Ledger(url)
+    job = ledger.job("locked")
+    job.decompose(lambda p: (Item(key=str(i)) for i in range(30)))
+    job.stage("s", idempotent=True)(lambda item, ctx: time.sleep(0.05))
+    run_id = job.submit({}).run_id
+    held = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("SELECT 1 FROM wl_runs WHERE id = %s FOR UPDATE", (run_id,))
+            held.set()
+            time.sleep(1.5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        report = ledger.work(concurrency=2, chunk=10, lease=10, until_idle=True)
+        assert report.processed == 30
+        assert ledger.status(run_id).state == "completed"
+    finally:
+        holder.join()
+        ledger.close()
+
+
+def test_pgoptions_applies_when_the_url_sets_no_options(pg_url: str, monkeypatch: Any) -> None:
+    import psycopg
+
+    base = pg_url.split("?")[0]
+    schema = f"wl_pgoptions_{int(time.time() * 1000) % 10**9}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        monkeypatch.setenv("PGOPTIONS", f"-c search_path={schema}")
+        ledger = Ledger(base)
+        try:
+            ledger.init()
+        finally:
+            ledger.close()
+        with psycopg.connect(base, autocommit=True) as conn:
+            row = conn.execute("SELECT table_schema FROM information_schema.tables "
+                               "WHERE table_name = 'wl_runs' AND table_schema = %s",
+                               (schema,)).fetchone()
+        assert row is not None  # the ledger went where PGOPTIONS said, not to public
+        assert _settings(base)["lock_timeout"] == "30s"  # and kept its bounded waits
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

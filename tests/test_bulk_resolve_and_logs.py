@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 from test_cli import Run, ok_json, one_error_line, wl  # noqa: F401 - wl is a fixture
@@ -115,3 +116,26 @@ def test_the_worker_logs_json_lines_and_nothing_per_item(wl: Run) -> None:  # no
     quiet = wl("worker", "--until-idle", "--log-level", "warning")
     assert quiet.returncode == 0 and quiet.stderr == ""
     one_error_line(wl("worker", "--log-format", "xml"), 2)
+
+
+def test_serve_logs_json_lines_too(tmp_path: Any, db_url: str) -> None:
+    import subprocess
+    import time
+
+    from test_cli import cli_cmd, cli_env
+
+    proc = subprocess.Popen(cli_cmd("--db", db_url, "serve", "--port", "0", "--log-format",
+                                    "json", "--log-level", "info"),
+                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the address, once it listens
+        assert line.startswith("workledger serve: http://"), line
+        time.sleep(0.2)
+    finally:
+        proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    ours = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert any(x["logger"].startswith("workledger") and x["message"] == "stopped by SIGTERM"
+               for x in ours), err

@@ -194,14 +194,17 @@ class Ledger:
             if run.decomposed_at is None and run.error is None and run.cancelled_at is None:
                 # its decomposition was cut short (a crash, a full disk): carry it on now, as
                 # the sweeper would; rows already written are not written twice
-                return Submission(run.id, False, self._status_of(self._decompose(job, run)),
+                # (checked against the rows already written, as the sweeper does: a source
+                # that changed since marks the run failed rather than mixing two versions)
+                return Submission(run.id, False,
+                                  self._status_of(self._decompose(job, run, resume=True)),
                                   resumed=True)
             return Submission(run.id, False, self._status_of(run))
         return Submission(run.id, True, self._status_of(self._decompose(job, run)))
 
-    def _decompose(self, job: Job, run: RunRow) -> RunRow:
+    def _decompose(self, job: Job, run: RunRow, resume: bool = False) -> RunRow:
         try:
-            return decompose(self.store, job, run)
+            return decompose(self.store, job, run, check_existing=resume)
         except DecompositionFailed as exc:
             exc.status = self.status(run.id)
             raise

@@ -65,6 +65,12 @@ class StorageError(WorkledgerError):
     """A database operation failed; the driver error is kept as ``__cause__``."""
 
 
+class Contention(StorageError):
+    """A statement ran past its time limit, waited too long for a lock, or lost a deadlock or
+    serialization race; its transaction was rolled back whole, so trying it again is safe
+    (long-lived processes do, a few times)."""
+
+
 class AppError(WorkledgerError):
     """The user's app could not be loaded or its code failed (exit 1)."""
 

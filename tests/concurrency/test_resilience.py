@@ -128,6 +128,29 @@ def test_a_worker_keeps_running_through_a_server_restart(
     ledger.close()
 
 
+def test_an_outage_longer_than_the_lease_loses_no_finished_outcome(
+    private_pg: Any, spawn: Callable[..., Proc], sink: Path,  # noqa: F811
+) -> None:
+    """Handlers finish while the server is down for longer than their lease: the worker writes
+    their outcomes once it is back, before its own sweeper may take the expired leases back
+    (a stage that is not idempotent would leave them unknown)."""
+    n = 40
+    url = private_pg.create_database("ledger")
+    ledger = procs.build_ledger(url, sink, idempotent=False)
+    run_id = ledger.job(procs.JOB).submit({"n": n}).run_id
+    worker = spawn(procs.worker_command(url, sink, concurrency=4, chunk=40, lease=2.0,
+                                        sleep=0.8, idempotent=False), name="w")
+    wait_until(lambda: sum(executions(sink).values()) >= 8 or worker.popen.poll() is not None,
+               "8 effects")
+    private_pg.stop("fast")
+    time.sleep(6.0)  # three leases: every lease held when it went down has expired
+    private_pg.start()
+    report = worker.wait_ok(timeout=120)
+    assert report["processed"] == n and report["stale"] == 0
+    assert_done_once(ledger, run_id, n, sink)
+    ledger.close()
+
+
 def test_a_worker_gives_up_after_db_retry_for_with_one_line(
     private_pg: Any, tmp_path: Path,
 ) -> None:
@@ -282,6 +305,26 @@ def test_two_workers_do_not_both_sweep(tmp_path: Path, db_url: str) -> None:
     logs = [p.communicate(timeout=60)[1] for p in procs_]
     sweeping = [log.count("sweep pass:") for log in logs]
     assert sorted(sweeping)[0] == 0 and sorted(sweeping)[1] >= 3, (sweeping, logs)
+
+
+def test_workers_of_different_jobs_each_sweep_their_own(tmp_path: Path, db_url: str) -> None:
+    import subprocess
+
+    apps = Path(__file__).resolve().parents[1] / "apps"
+    env = {"PYTHONPATH": str(apps), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-m", "workledger.cli", "--db", db_url, "init"], env=env,
+                   cwd=tmp_path, check=True, capture_output=True)
+    procs_ = [subprocess.Popen([sys.executable, "-m", "workledger.cli", "--db", db_url, "--app",
+                                "sample_app:ledger", "worker", "--lease", "0.4", "--log-level",
+                                "debug", "--job", job], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env=env, cwd=tmp_path, text=True)
+              for job in ("numbers", "sends")]
+    time.sleep(4.0)
+    for p in procs_:
+        p.terminate()
+    logs = [p.communicate(timeout=60)[1] for p in procs_]
+    # one lock per set of jobs: a sweeper of `numbers` would never decompose a `sends` run
+    assert all(log.count("sweep pass:") >= 3 for log in logs), logs
 
 
 # -- 4. nothing silently left out -----------------------------------------------------------------

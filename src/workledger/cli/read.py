@@ -15,7 +15,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from workledger.api import limits
+from workledger.api import limits, url_secrets
+from workledger.cli import logs
 from workledger.cli.output import (
     ID,
     ITEM_STATES,
@@ -43,7 +44,9 @@ def status(settings: Settings, run_id: int, as_json: bool, watch: bool) -> None:
     ledger = settings.ledger()
     st = ledger.status(run_id)
     if watch:
-        ledger.wait_out_outages()  # a long-lived view: an outage pauses it, not ends it
+        # a long-lived view: an outage pauses it (said once, on stderr), not ends it
+        logs.configure("text", "warning", url_secrets(settings.url))
+        ledger.wait_out_outages()
         try:
             st = watch_run(ledger, run_id, Console(stderr=as_json))
         except KeyboardInterrupt:

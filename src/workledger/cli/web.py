@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from workledger.api import parse_duration
+from workledger.api import parse_duration, url_secrets
+from workledger.cli import logs
 from workledger.cli.output import echo_json
 from workledger.cli.settings import Settings
 from workledger.errors import BadInput, UsageError
@@ -42,15 +43,19 @@ def _server() -> Any:
               help="Prune runs finished longer ago than this (e.g. 30d), at start and daily.")
 @click.option("--export-dir", metavar="DIR",
               help="Where POST /api/prune may write its export files.")
+@logs.FORMAT_OPTION
+@logs.LEVEL_OPTION
 @click.pass_obj
 def serve(settings: Settings, host: str, port: int, token_file: str | None,
-          prune_after: str | None, export_dir: str | None) -> None:
+          prune_after: str | None, export_dir: str | None, log_format: str,
+          log_level: str) -> None:
     """Serve the JSON API (/api), the dashboard (/), /metrics and /healthz over HTTP.
 
     Prints the address, then serves until SIGINT or SIGTERM. Without a token it listens on
     loopback only. Jobs for POST /api/jobs/JOB/runs come from --app (loaded); like a worker,
     it creates the ledger when there is none.
     """
+    logs.configure(log_format, log_level, url_secrets(settings.url))
     load_tokens, server = _server()
     older = parse_duration(prune_after) if prune_after is not None else None
     folder = Path(export_dir) if export_dir is not None else None

@@ -75,6 +75,7 @@ class Chunk:
         self.limits = job.timed_stages(worker.options.timeout)
         self.last_flush = worker.clock()
         self.last_beat = worker.clock()
+        self.queued: deque[list[ClaimedItem]] = deque()  # units claimed, not yet handed out
 
     # -- the three ways items run ------------------------------------------------------------
 
@@ -136,7 +137,8 @@ class Chunk:
         """One item per task, in rounds: each round's transaction writes the outcomes that came
         in and records the starts of the next items of recorded stages, so a worker killed at
         any moment leaves in doubt only the handlers that were running."""
-        waiting = deque(self._units(items, 1))  # an item, or a batch of a batch stage
+        # an item, or a batch of a batch stage; its lease is renewed while it waits its turn
+        waiting = self.queued = deque(self._units(items, 1))
         running: Tasks = {}
 
         def feed() -> None:
@@ -246,7 +248,8 @@ class Chunk:
                     left.pop(f)
                 self.release(dropped)
             if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
-                self._heartbeat([i.id for items in left.values() for i in items])
+                self._heartbeat([i.id for items in [*left.values(), *self.queued]
+                                 for i in items])
             if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
                 self.flush()
 

@@ -5,7 +5,8 @@ A worker, its sweeper, ``status --watch`` and the HTTP server call the store thr
 restart, a failover) is tried again with capped exponential backoff and jitter, for as long as
 the outage lasts up to ``retry_for`` seconds. The outage is logged once when it starts and once
 when it ends, not per attempt. Only :class:`~workledger.errors.DatabaseUnavailable` is waited
-out; any other error is the caller's.
+out; a :class:`~workledger.errors.Contention` (a statement or lock timeout, a deadlock) is tried
+again up to ``CONTENTION_TRIES`` times; any other error is the caller's.
 
 Every port method is one transaction, so trying one again is safe: a transaction that failed
 before its commit left nothing behind, and one whose commit was sent but not acknowledged is
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from workledger.errors import DatabaseUnavailable
+from workledger.errors import Contention, DatabaseUnavailable
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.db")
@@ -32,6 +33,7 @@ log = logging.getLogger("workledger.db")
 T = TypeVar("T")
 FIRST_DELAY = 0.1  # seconds before the first retry
 MAX_DELAY = 5.0  # the backoff's cap
+CONTENTION_TRIES = 5  # tries of a call that timed out on a statement or a lock
 
 
 class OutageTooLong(DatabaseUnavailable):
@@ -51,19 +53,35 @@ class Patience:
         self.rng = rng or random.Random()
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._back_at: float | None = None  # when the last outage ended
         self.outages = 0
 
     @property
     def down(self) -> bool:
         return self._down_since is not None
 
+    def recovering(self, window: float) -> bool:
+        """Down now, or back for less than ``window`` seconds."""
+        back = self._back_at
+        return self.down or (back is not None and self.clock() - back < window)
+
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         delay = FIRST_DELAY
+        contended = 0
         while True:
             try:
                 result = fn(*args, **kwargs)
             except OutageTooLong:
                 raise
+            except Contention as exc:  # rolled back whole: safe to try again, a few times
+                contended += 1
+                if contended >= CONTENTION_TRIES:
+                    raise
+                log.warning("%s; trying again (%d of %d)", exc, contended + 1,
+                            CONTENTION_TRIES)
+                self.sleep(delay * (0.5 + self.rng.random() / 2))
+                delay = min(delay * 2, MAX_DELAY)
+                continue
             except DatabaseUnavailable as exc:
                 waited = self._failed(exc)
                 if waited > self.retry_for:
@@ -90,7 +108,8 @@ class Patience:
             return
         with self._lock:
             if self._down_since is not None:
-                log.warning("database back after %.1f s", self.clock() - self._down_since)
+                self._back_at = self.clock()
+                log.warning("database back after %.1f s", self._back_at - self._down_since)
                 self._down_since = None
 
 
@@ -116,6 +135,10 @@ class PatientStore:
     @property
     def unwrapped(self) -> Store:
         return self._store
+
+    @property
+    def patience(self) -> Patience:
+        return self._patience
 
 
 def patient(store: Store, patience: Patience) -> Store:

@@ -32,7 +32,7 @@ from workledger.core.states import (
 )
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.core.text import Unstorable, json_text, reason_text
-from workledger.errors import DatabaseUnavailable, DecompositionFailed
+from workledger.errors import DatabaseUnavailable, DecompositionFailed, WorkledgerError
 from workledger.runtime.decompose import decompose
 from workledger.runtime.execute import (
     context_for,
@@ -304,20 +304,29 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
 
 class SweepLoop:
     """A worker's periodic sweeper: in a thread of its own, off the claim loop, so a slow hook
-    never delays claims or heartbeats; and only while this process leads the ledger's sweeping
-    (``Store.lead``: an advisory lock on PostgreSQL, a file lock beside the SQLite file), so N
-    workers run one sweeper, not N. ``workledger sweep`` by hand sweeps regardless.
+    never delays claims or heartbeats; and only while this process leads the sweeping of its
+    jobs (``Store.lead``: an advisory lock on PostgreSQL, a file lock beside the SQLite file,
+    one per set of jobs), so N workers of the same jobs run one sweeper, not N. ``workledger
+    sweep`` by hand sweeps regardless.
 
-    A leader can be stuck (stopped, starved) while it holds the lock: a process that does not
-    lead looks, each period, at what a sweep would find (expired leases, runs to close, with
-    reads only) and sweeps itself when the same work is still waiting a period later."""
+    A leader can be stuck (stopped, starved, in a hook without a time limit) while it holds the
+    lock: a process that does not lead looks, each period, at what a sweep would find (expired
+    leases, runs to close or to decompose, items awaiting a verify hook, with reads only) and
+    sweeps itself when the same work is still waiting a period later.
+
+    ``quiet()`` true (this process's database just came back from an outage) skips the pass:
+    a worker whose leases expired during the outage first writes the outcomes it holds, instead
+    of its own sweeper taking them back."""
 
     def __init__(self, sweeper: Sweeper, store: Store, every: float,
-                 on_swept: Callable[[SweepReport], None]) -> None:
+                 on_swept: Callable[[SweepReport], None],
+                 quiet: Callable[[], bool] = lambda: False) -> None:
         self.sweeper = sweeper
         self.store = store
         self.every = every
         self.on_swept = on_swept
+        self.quiet = quiet
+        self.scope = ",".join(sorted(sweeper.jobs))  # the sweeper lock is per set of jobs
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         self._seen: set[tuple[str, int]] = set()
@@ -342,7 +351,9 @@ class SweepLoop:
         did not sweep (or the pass failed)."""
         with self._mutex:
             try:
-                if not (self.store.lead() or self._leader_is_stuck()):
+                if self.quiet():
+                    return False
+                if not (self.store.lead(self.scope) or self._leader_is_stuck()):
                     return False
                 self._seen = set()
                 report = self.sweeper.sweep()
@@ -350,6 +361,9 @@ class SweepLoop:
                     f"{k} {v}" for k, v in asdict(report).items() if v) or "nothing to do")
                 self.on_swept(report)
                 return True
+            except WorkledgerError as exc:  # an outage, a full disk: one line, not a traceback
+                log.warning("sweep failed: %s", exc)
+                return False
             except Exception:  # logged, and the next period tries again
                 log.exception("sweep failed")
                 return False
@@ -359,9 +373,14 @@ class SweepLoop:
         jobs = [j.name for j in self.sweeper.jobs.values() if j.closing is not None]
         if jobs:
             waiting |= {("close", r) for r in self.store.runs_to_close(jobs, CLOSE_STAGE)[:10]}
+        waiting |= {("decompose", r.id) for r in self.store.runs_undecomposed(
+            self.sweeper.grace, self.sweeper.backoff) if r.job in self.sweeper.jobs}
+        waiting |= {("verify", i.id) for i in self.store.items_attention(["unknown"], 10)
+                    if i.error == AWAITING_VERIFY}
         stuck = bool(waiting & self._seen)
         self._seen = waiting
         if stuck:
-            log.warning("the sweeping process left expired leases or closing hooks waiting "
-                        "for a whole period: this one sweeps instead")
+            log.warning("the sweeping process left expired leases, closing hooks, "
+                        "decompositions or verify hooks waiting for a whole period: this one "
+                        "sweeps instead")
         return stuck

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.jobs import Job
+from workledger.runtime.patience import MAX_DELAY
 from workledger.runtime.processes import ProcessExecutor
 from workledger.runtime.sweeper import Sweeper, SweepLoop, SweepReport
 from workledger.storage.port import ClaimedItem, ClaimParams, Store
@@ -174,7 +175,15 @@ class Worker:
         if self.sweeper is None:
             return None
         every = self.options.reclaim_every or min(self.options.lease / 2, 10.0)
-        return SweepLoop(self.sweeper, self.store, every, self._swept)
+        patience = getattr(self.store, "patience", None)
+        lease = self.options.lease
+        # after an outage, a lease's length for this worker to write the outcomes it holds
+        # before its own sweeper may take back the leases that expired meanwhile
+        # (plus the longest backoff: the claim loop's next try may be that far off)
+        window = lease + MAX_DELAY
+        quiet = ((lambda: patience.recovering(window)) if patience is not None
+                 else (lambda: False))
+        return SweepLoop(self.sweeper, self.store, every, self._swept, quiet)
 
     def _swept(self, report: SweepReport) -> None:
         with self._count_lock:

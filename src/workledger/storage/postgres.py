@@ -11,6 +11,7 @@ processes wait out (``runtime/patience.py``). Every session has bounded waits
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workledger.core.text import read_json
-from workledger.errors import DatabaseUnavailable, StorageError
+from workledger.errors import Contention, DatabaseUnavailable, StorageError
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import CountRows
 from workledger.storage.port import ItemsInsert
@@ -97,6 +98,7 @@ class PostgresStore(LedgerStore[Conn]):
         self._pool.open(wait=False)
         self._leader: psycopg.Connection[Any] | None = None
         self._leader_lock = threading.Lock()
+        self._leader_scope = ""
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -146,8 +148,11 @@ class PostgresStore(LedgerStore[Conn]):
             return DatabaseUnavailable(
                 f"lost the connection to PostgreSQL at {self._where()}: {_reason(exc)}")
         if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
-            return StorageError(f"PostgreSQL: {_reason(exc)} (a statement_timeout or "
-                                "lock_timeout: see docs/design.md, bounded waits)")
+            return Contention(f"PostgreSQL: {_reason(exc)} (a statement_timeout or "
+                              "lock_timeout: see docs/design.md, bounded waits)")
+        if isinstance(exc, psycopg.errors.SerializationFailure
+                      | psycopg.errors.DeadlockDetected):
+            return Contention(f"PostgreSQL: {_reason(exc)}")
         return StorageError(f"PostgreSQL: {_reason(exc)}")
 
     _reader = _tx  # a read is a transaction of its own too
@@ -167,11 +172,15 @@ class PostgresStore(LedgerStore[Conn]):
 
     # -- one sweeper at a time ---------------------------------------------------------------
 
-    def lead(self) -> bool:
-        """Hold (or take) the ledger's sweeper lock: a session advisory lock, on a connection
-        of its own, so nothing is written to elect the sweeper. False: another process holds
-        it. A lost connection loses the lock; the next call tries to take it again."""
+    def lead(self, scope: str = "") -> bool:
+        """Hold (or take) the sweeper lock of ``scope`` (the jobs a sweeper sweeps) in this
+        ledger: a session advisory lock, on a connection of its own, so nothing is written to
+        elect the sweeper. False: another process holds it. A lost connection loses the lock;
+        the next call tries to take it again."""
         with self._leader_lock:
+            if scope != self._leader_scope:
+                self._drop_leader()
+            self._leader_scope = scope
             conn = self._leader
             if conn is not None and not conn.closed and not conn.broken:
                 try:
@@ -182,8 +191,9 @@ class PostgresStore(LedgerStore[Conn]):
             self._leader = None
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True)
-                row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))",
-                                   (SWEEPER_LOCK,)).fetchone()
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, hashtext(current_schema() || '/' || %s))",
+                    (SWEEPER_LOCK, scope)).fetchone()
             except psycopg.Error:
                 return False  # the database is away: nobody sweeps until it is back
             if row is not None and row[0]:
@@ -194,9 +204,12 @@ class PostgresStore(LedgerStore[Conn]):
 
     def unlead(self) -> None:
         with self._leader_lock:
-            if self._leader is not None:
-                self._leader.close()  # the session ends: the lock is released
-                self._leader = None
+            self._drop_leader()
+
+    def _drop_leader(self) -> None:
+        if self._leader is not None:
+            self._leader.close()  # the session ends: the lock is released
+            self._leader = None
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -297,7 +310,8 @@ def session_conninfo(url: str) -> str:
     except psycopg.Error as exc:
         raise DatabaseUnavailable(f"bad PostgreSQL URL: {_reason(exc)}") from exc
     extra: dict[str, Any] = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
-    options = str(given.get("options") or "")
+    # a URL without options leaves them to PGOPTIONS, which libpq ignores once we set any
+    options = str(given.get("options") or os.environ.get("PGOPTIONS") or "")
     added = [f"-c {k}={v}" for k, v in SESSION_DEFAULTS.items() if k not in options]
     if added:
         extra["options"] = " ".join(filter(None, [options, *added]))

@@ -6,6 +6,7 @@ WAL mode with ``synchronous=FULL`` so no acknowledged commit is lost on power fa
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import sqlite3
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workledger.errors import DatabaseUnavailable, StorageError
+from workledger.errors import Contention, DatabaseUnavailable, StorageError
 from workledger.storage import common
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import CountRows
@@ -78,6 +79,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
                                       f"{_read_only(path) or exc}") from exc
         self._lock = threading.RLock()
         self._lead_fd: int | None = None
+        self._lead_scope = ""
 
     # -- connection and transactions -------------------------------------------------------
 
@@ -88,14 +90,14 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StorageError(self._reason(exc, "cannot begin a transaction: ")) from exc
+                raise self._error(exc, "cannot begin a transaction: ") from exc
             try:
                 yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException as exc:
                 self._rollback()
                 if isinstance(exc, sqlite3.Error):
-                    raise StorageError(self._reason(exc)) from exc
+                    raise self._error(exc) from exc
                 raise
 
     def _rollback(self) -> None:
@@ -104,6 +106,14 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
                 self._conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # a full disk can refuse even that; SQLite rolls back on the next open
+
+    def _error(self, exc: sqlite3.Error, doing: str = "") -> StorageError:
+        """A busy or locked database (past the busy timeout) is contention, tried again by
+        long-lived processes; anything else is the statement's."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return Contention(self._reason(exc, doing))
+        return StorageError(self._reason(exc, doing))
 
     def _reason(self, exc: sqlite3.Error, doing: str = "") -> str:
         """One line a person can act on; nothing acknowledged was lost in either case."""
@@ -124,7 +134,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise StorageError(self._reason(exc)) from exc
+                raise self._error(exc) from exc
 
     def _tuples(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
         """Plain tuples, not sqlite3.Row: cheaper where a statement returns a row per item."""
@@ -142,17 +152,22 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
 
     # -- one sweeper at a time ---------------------------------------------------------------
 
-    def lead(self) -> bool:
-        """Hold (or take) the ledger's sweeper lock: an OS lock on a file beside the database
-        (``<db>.sweeper``), so nothing is written to the ledger to elect the sweeper. False:
-        another process holds it."""
+    def lead(self, scope: str = "") -> bool:
+        """Hold (or take) the sweeper lock of ``scope`` (the jobs a sweeper sweeps): an OS lock
+        on a file beside the database (``<db>.sweeper``, or ``<db>.sweeper-<hash of scope>``),
+        so nothing is written to the ledger to elect the sweeper. False: another process holds
+        it."""
         if self.path == ":memory:":
             return True
         with self._lock:
+            if scope != self._lead_scope:
+                self._drop_lead()
+            self._lead_scope = scope
             if self._lead_fd is not None:
                 return True
+            suffix = f"-{hashlib.sha1(scope.encode()).hexdigest()[:12]}" if scope else ""
             try:
-                fd = os.open(f"{self.path}.sweeper", os.O_CREAT | os.O_RDWR, 0o644)
+                fd = os.open(f"{self.path}.sweeper{suffix}", os.O_CREAT | os.O_RDWR, 0o644)
             except OSError:
                 return False  # a read-only folder: sweep by hand
             try:
@@ -165,9 +180,12 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
 
     def unlead(self) -> None:
         with self._lock:
-            if self._lead_fd is not None:
-                os.close(self._lead_fd)  # closing releases the lock
-                self._lead_fd = None
+            self._drop_lead()
+
+    def _drop_lead(self) -> None:
+        if self._lead_fd is not None:
+            os.close(self._lead_fd)  # closing releases the lock
+            self._lead_fd = None
 
     # -- schema ----------------------------------------------------------------------------
 
