@@ -299,7 +299,7 @@ def test_two_workers_do_not_both_sweep(tmp_path: Path, db_url: str) -> None:
                    cwd=tmp_path, check=True, capture_output=True)
     procs_ = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=env, cwd=tmp_path, text=True) for _ in range(2)]
-    time.sleep(4.0)
+    time.sleep(6.0)  # both start (slowly, on a loaded machine), then sweep
     for p in procs_:
         p.terminate()
     logs = [p.communicate(timeout=60)[1] for p in procs_]
@@ -319,7 +319,7 @@ def test_workers_of_different_jobs_each_sweep_their_own(tmp_path: Path, db_url: 
                                 "debug", "--job", job], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, env=env, cwd=tmp_path, text=True)
               for job in ("numbers", "sends")]
-    time.sleep(4.0)
+    time.sleep(6.0)
     for p in procs_:
         p.terminate()
     logs = [p.communicate(timeout=60)[1] for p in procs_]

@@ -32,6 +32,8 @@ from workledger.storage.port import ClaimedItem, ClaimParams, Store
 
 log = logging.getLogger("workledger.worker")
 
+STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -39,7 +41,8 @@ class WorkerOptions:
     chunk: int = 100
     lease: float = 30.0  # seconds
     until_idle: bool = False
-    poll: float = 0.5  # seconds between claims when nothing was claimable
+    poll: float = 0.5  # seconds between claims when idle, where nothing wakes other processes
+    idle_poll: float = 5.0  # the same where the store wakes idle workers (PostgreSQL NOTIFY)
     flush_every: float = 1.0  # write finished outcomes at least this often within a chunk
     reclaim_every: float | None = None  # the sweeper's period; default min(lease / 2, 10 s)
     timeout: float | None = None  # a handler's time limit where its stage sets none
@@ -169,7 +172,28 @@ class Worker:
                 continue
             if self.options.until_idle and self._idle_for_good(sweeps):
                 return
-            self._stop.wait(self.options.poll)
+            self._idle_wait()
+
+    def _idle_wait(self) -> None:
+        """Wait until work may be there: woken by the store (new or redriven work), by the
+        earliest retry coming due, or after the poll interval; a stop ends it at once."""
+        opts = self.options
+        poll = opts.idle_poll if self.store.wakes_other_processes else opts.poll
+        due = self._next_due()
+        deadline = self.clock() + (poll if due is None else max(0.0, min(poll, due)))
+        while not self._stop.is_set():
+            left = deadline - self.clock()
+            if left <= 0:
+                return
+            if self.store.wait_for_work(min(left, STOP_CHECK)):
+                self._runs_at = -1e9  # a new run, perhaps: look for it now
+                return
+
+    def _next_due(self) -> float | None:
+        """Seconds until the earliest backed-off retry of the active runs comes due."""
+        if not self._runs:
+            return None
+        return self.store.outlook([r for r, _ in self._runs]).next_ready_in
 
     def _sweep_loop(self) -> SweepLoop | None:
         if self.sweeper is None:

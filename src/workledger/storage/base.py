@@ -9,6 +9,7 @@ tuples (``_tuples``); the few others by column name.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -63,6 +64,17 @@ class LedgerStore(Overview[C]):
 
     # -- runs --------------------------------------------------------------------------------
 
+    # -- waking idle workers -------------------------------------------------------------------
+
+    wakes_other_processes = False
+
+    def _wake(self, conn: C) -> None:
+        """Work becomes claimable when this transaction commits: tell idle workers."""
+
+    def wait_for_work(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
         params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
                   "tolerate": new.tolerate}
@@ -102,6 +114,7 @@ class LedgerStore(Overview[C]):
                 raise UnknownRun(f"no run {run_id}")
             conn.execute(self.Q["events_add"], common.run_event(run_id, "decomposed", None,
                                                                 total=row["total"]))
+            self._wake(conn)
         common.failpoint("decompose.after_mark")
         return self._run(row)
 
@@ -141,6 +154,8 @@ class LedgerStore(Overview[C]):
         sql = self.Q["run_pause"] if paused else self.Q["run_resume"]
         with self._tx() as conn:
             done = conn.execute(sql, {"run_id": run_id}).fetchone()
+            if done is not None and not paused:
+                self._wake(conn)
             if done is not None:
                 kind = "paused" if paused else "resumed"
                 conn.execute(self.Q["events_add"],
@@ -283,6 +298,7 @@ class LedgerStore(Overview[C]):
                 "unstarted": params.unstarted}).fetchall()
             items = sorted(map(self._item, rows), key=attrgetter("id"))
             if items:
+                self._wake(conn)
                 self._many(conn, self.Q["events_add"], [
                     common.event_params(e) for e in common.reclaim_events(items, params)])
                 tallies = common.reclaim_tallies(items)
@@ -356,6 +372,8 @@ class LedgerStore(Overview[C]):
         with self._tx() as conn:
             found = self._tuples(conn, self.Q["items_settle"], args)
             applied = {int(r[0]) for r in found}
+            if applied:  # a redrive, a resolution or a verdict may make items claimable
+                self._wake(conn)
             plan = common.plan_after_settle(params, applied)
             self._write_plan(conn, params.run_id, plan,
                              common.Tally.of_moves(found, plan.moved, params.from_state),

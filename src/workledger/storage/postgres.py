@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -53,6 +54,8 @@ CONNECTION_DEFAULTS = {
     "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
     "keepalives_count": "3", "tcp_user_timeout": "30000",  # ms: a dead peer found in ~30 s
 }
+# the NOTIFY channel of new work; the payload is the ledger's schema
+WAKE_CHANNEL = "wl_work"
 # pg_advisory_xact_lock key that serialises concurrent migrate() calls ("wl" + "migr").
 MIGRATE_LOCK = 0x776C_6D69_6772
 # pg_advisory_xact_lock(DECOMPOSE_LOCK, run_id % 2**31): two decompositions of one run (a
@@ -99,6 +102,9 @@ class PostgresStore(LedgerStore[Conn]):
         self._leader: psycopg.Connection[Any] | None = None
         self._leader_lock = threading.Lock()
         self._leader_scope = ""
+        self._listener: psycopg.Connection[Any] | None = None  # LISTENs for new work
+        self._listen_lock = threading.Lock()
+        self._schema = ""
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -168,6 +174,10 @@ class PostgresStore(LedgerStore[Conn]):
     def close(self) -> None:
         self._closed = True
         self.unlead()
+        with self._listen_lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
         self._pool.close()
 
     # -- one sweeper at a time ---------------------------------------------------------------
@@ -210,6 +220,37 @@ class PostgresStore(LedgerStore[Conn]):
         if self._leader is not None:
             self._leader.close()  # the session ends: the lock is released
             self._leader = None
+
+    # -- waking idle workers: LISTEN/NOTIFY ---------------------------------------------------
+
+    wakes_other_processes = True
+
+    def _wake(self, conn: Conn) -> None:
+        # delivered when (and only if) the transaction commits, to every listening session
+        conn.execute("SELECT pg_notify(%s, current_schema())", (WAKE_CHANNEL,))
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s on a connection of its own that LISTENs for work made
+        claimable in this ledger (its schema); nothing is read or written meanwhile."""
+        with self._listen_lock:
+            conn = self._listener
+            if conn is None or conn.closed or conn.broken:
+                try:
+                    conn = psycopg.connect(self._conninfo, autocommit=True)
+                    row = conn.execute("SELECT current_schema()").fetchone()
+                    self._schema = str(row[0]) if row else ""
+                    conn.execute(f"LISTEN {WAKE_CHANNEL}")
+                except psycopg.Error:
+                    time.sleep(timeout)  # the database is away: the claim loop finds out
+                    return False
+                self._listener = conn
+            try:
+                return any(n.payload == self._schema
+                           for n in conn.notifies(timeout=timeout, stop_after=1))
+            except psycopg.Error:
+                conn.close()
+                self._listener = None
+                return False
 
     # -- schema ----------------------------------------------------------------------------
 

@@ -52,6 +52,18 @@ def _read_only(path: str) -> str | None:
     return None
 
 
+# idle workers of this process wait on the event of their database file; SQLite has no way to
+# tell other processes, which find new work at their next poll
+_WAKE: dict[str, threading.Event] = {}
+_WAKE_LOCK = threading.Lock()
+
+
+def _wake_event(path: str) -> threading.Event:
+    key = path if path == ":memory:" else str(Path(path).resolve())
+    with _WAKE_LOCK:
+        return _WAKE.setdefault(key, threading.Event())
+
+
 class SqliteStore(LedgerStore[sqlite3.Connection]):
     dialect = "sqlite"
     label = "SQLite"
@@ -80,6 +92,8 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         self._lock = threading.RLock()
         self._lead_fd: int | None = None
         self._lead_scope = ""
+        self._work = _wake_event(path)
+        self._wake_on_commit = False
 
     # -- connection and transactions -------------------------------------------------------
 
@@ -95,10 +109,14 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
                 yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException as exc:
+                self._wake_on_commit = False
                 self._rollback()
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc) from exc
                 raise
+            if self._wake_on_commit:
+                self._wake_on_commit = False
+                self._work.set()
 
     def _rollback(self) -> None:
         try:
@@ -106,6 +124,15 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
                 self._conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # a full disk can refuse even that; SQLite rolls back on the next open
+
+    def _wake(self, conn: sqlite3.Connection) -> None:
+        self._wake_on_commit = True  # set once it commits: a read before would not see it
+
+    def wait_for_work(self, timeout: float) -> bool:
+        woke = self._work.wait(timeout)
+        if woke:
+            self._work.clear()
+        return woke
 
     def _error(self, exc: sqlite3.Error, doing: str = "") -> StorageError:
         """A busy or locked database (past the busy timeout) is contention, tried again by
