@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
 import signal
@@ -147,6 +148,24 @@ def test_full_run_yields_one_pdf_and_one_message_per_delivered_item(
     assert max(render_calls(out, run_id).values()) == 1
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "created=True" in text and "nothing generated or sent twice" in text
+
+
+def test_json_summary_and_the_render_limit_beside_the_wall_time(
+    sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out"
+    console = quiet()
+    assert run_demo(sqlite_url, employees=N, out_dir=out, console=console, as_json=True) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    exp = expected()
+    delivered = exp.generated - len(exp.bounced)
+    assert (summary["generated"], summary["delivered"], summary["failed"]) == (
+        exp.generated, delivered, len(exp.bounced))
+    assert summary["render_calls"] == exp.generated == summary["stages"]["generate"]["items"]
+    assert summary["sink_messages"] == delivered
+    assert summary["wall_s"] > 0 and summary["render_limit_s"] > 0
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "render limit" in text or summary["wall_s"] < 1.0
 
 
 def test_sigkill_of_the_worker_then_a_fresh_worker_sends_nothing_twice(

@@ -70,10 +70,12 @@ def demo_events(settings: Settings, count: int, kill_after: int | None, lease: f
                    "uncertain deliveries become unknown).")
 @click.option("--smtp-port", type=click.IntRange(min=1, max=65535), metavar="PORT",
               help="The SMTP server's port (with --smtp-host; alone it means 127.0.0.1).")
+@click.option("--json", "as_json", is_flag=True,
+              help="End with the run's figures as one JSON object on the last line.")
 @click.pass_obj
 def demo_payroll(settings: Settings, employees: int, out_dir: str, crash_after: int | None,
                  mail_outage: float | None, smtp_host: str | None,
-                 smtp_port: int | None) -> None:
+                 smtp_port: int | None, as_json: bool) -> None:
     """The payroll run: generate a PDF payslip per employee, then deliver it by e-mail.
 
     Two stages with their own state, so a mail outage never forces regeneration. The pay
@@ -85,6 +87,6 @@ def demo_payroll(settings: Settings, employees: int, out_dir: str, crash_after: 
 
     code = run_demo(settings.url, employees=employees, out_dir=out_dir, crash_after=crash_after,
                     mail_outage=mail_outage, smtp_host=smtp_host, smtp_port=smtp_port,
-                    console=Console())
+                    console=Console(), as_json=as_json)
     if code:
         raise click.exceptions.Exit(code)

@@ -34,6 +34,14 @@ class PayrollConfig:
     def store_path(self) -> Path:
         return self.out_dir / "employees.db"
 
+    def as_env(self) -> dict[str, str]:
+        """The environment :meth:`from_env` reads this configuration back from."""
+        env = {"WORKLEDGER_PAYROLL_OUT": str(self.out_dir),
+               "WORKLEDGER_PAYROLL_SMTP": f"{self.smtp_host}:{self.smtp_port}"}
+        if self.sink is not None:
+            env["WORKLEDGER_PAYROLL_SINK"] = str(self.sink)
+        return env
+
     @staticmethod
     def from_env() -> PayrollConfig:
         host, _, port = os.environ.get("WORKLEDGER_PAYROLL_SMTP", "127.0.0.1:25").rpartition(":")

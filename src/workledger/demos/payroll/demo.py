@@ -33,11 +33,13 @@ from workledger.demos.payroll.config import (
     message_prefix,
 )
 from workledger.demos.payroll.job import build
+from workledger.demos.payroll.render import render_payslip
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import MailSink
 from workledger.errors import UsageError
 
 OUTAGE_WAIT = 600.0  # seconds the demo waits for its database to come back, as a worker
+RENDER_SAMPLE = 200  # payslips rendered to measure the render limit (scaled to the run)
 WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
 
 
@@ -49,6 +51,11 @@ class Clock:
 
     def mark(self, name: str) -> None:
         self.seen.setdefault(name, time.monotonic())
+
+    def seconds(self, begin: str, end: str) -> float | None:
+        if end not in self.seen:
+            return None
+        return self.seen[end] - self.seen.get(begin, self.seen[end])
 
     def rate(self, done: int, begin: str, end: str) -> str:
         if end not in self.seen:
@@ -70,6 +77,7 @@ class Demo:
     store: EmployeeStore
     run_id: int = 0
     clock: Clock = field(default_factory=Clock)
+    limit_s: float = 0.0  # the render limit, measured after the run
 
     @property
     def url(self) -> str:
@@ -247,6 +255,8 @@ def _check_mail(demo: Demo, checks: Checks, st: RunStatus) -> None:
 
 
 def _report(demo: Demo, created: bool) -> int:
+    if "deliver done" in demo.clock.seen:
+        demo.limit_s = render_limit(demo)
     checks = _checks(demo, created, demo.ledger.status(demo.run_id))
     table = Table("payroll", demo.period, title="\nwhat the ledger, the files and the sink say")
     for name, value in checks.rows:
@@ -285,7 +295,47 @@ def _checks(demo: Demo, created: bool, st: RunStatus) -> Checks:
             st.counts.get("generate", {}).get("processed", 0), "start", "generate done"))
         checks.add("deliver", demo.clock.rate(
             st.counts.get("deliver", {}).get("processed", 0), "deliver first", "deliver done"))
+        wall = demo.clock.seconds("start", "deliver done")
+        if wall is not None and wall >= 1.0 and demo.limit_s:
+            checks.add("wall time", f"{wall:.1f} s · render limit {demo.limit_s:.1f} s (the "
+                       "same payslips rendered in one process, no I/O) · "
+                       f"{wall / demo.limit_s:.1f}x")
     return checks
+
+
+def render_limit(demo: Demo, sample: int = RENDER_SAMPLE) -> float:
+    """Seconds one process takes to render this run's generated payslips with no I/O at all:
+    the floor the run's wall time is measured against (a sample, scaled to the count)."""
+    docs = [r.key for r in _rows(demo, "generate", "processed")]
+    slips = [s for s in (demo.store.payslip(str(k), demo.period) for k in docs[:sample])
+             if s is not None]
+    if not slips:
+        return 0.0
+    began = time.perf_counter()
+    for slip in slips:
+        render_payslip(slip, document_id(demo.run_id, demo.period, slip.employee_id))
+    return (time.perf_counter() - began) / len(slips) * len(docs)
+
+
+def summary(demo: Demo) -> dict[str, Any]:
+    """``demo payroll --json``: the run's figures as one JSON object."""
+    st = demo.ledger.status(demo.run_id)
+    calls, _, _ = demo.store.render_counts(demo.run_id)
+    gen, dlv = st.counts.get("generate", {}), st.counts.get("deliver", {})
+    stages = {}
+    for name, counts, begin, end in (("generate", gen, "start", "generate done"),
+                                     ("deliver", dlv, "deliver first", "deliver done")):
+        took = demo.clock.seconds(begin, end)
+        done = counts.get("processed", 0)
+        stages[name] = {"items": done, "seconds": took,
+                        "items_per_s": round(done / took, 1) if took else None}
+    return {"run_id": demo.run_id, "state": st.state, "generated": gen.get("processed", 0),
+            "delivered": dlv.get("processed", 0), "skipped": st.skipped, "failed": st.failed,
+            "render_calls": calls,
+            "sink_messages": demo.sent() if demo.sink is not None else None,
+            "wall_s": demo.clock.seconds("start", "deliver done"),
+            "render_limit_s": round(demo.limit_s, 3) if demo.limit_s else None,
+            "stages": stages}
 
 
 def _foreign(demo: Demo) -> bool:
@@ -297,7 +347,8 @@ def _foreign(demo: Demo) -> bool:
 def run_demo(db_url: str, employees: int = 2000, out_dir: str | Path = "./payslips",
              crash_after: int | None = None, mail_outage: float | None = None,
              smtp_host: str | None = None, smtp_port: int | None = None,
-             console: Console | None = None, *, period: str = DEFAULT_PERIOD) -> int:
+             console: Console | None = None, *, period: str = DEFAULT_PERIOD,
+             as_json: bool = False) -> int:
     """``workledger demo payroll``: return 0 when the run is complete and nothing happened twice.
 
     The pay period is the run's idempotency key: a second call finds the run (created=False),
@@ -329,7 +380,7 @@ def run_demo(db_url: str, employees: int = 2000, out_dir: str | Path = "./paysli
         book = build(db_url, config)
         book.wait_out_outages(OUTAGE_WAIT)  # the progress display outlives a database restart
         demo = Demo(book, config, period, employees, console, sink, store)
-        return _run(demo, crash_after)
+        return _run(demo, crash_after, as_json)
     finally:
         store.close()
         if sink is not None:
@@ -355,7 +406,7 @@ def prepare_out(out: Path) -> Path:
     return out
 
 
-def _run(demo: Demo, crash_after: int | None) -> int:
+def _run(demo: Demo, crash_after: int | None, as_json: bool = False) -> int:
     try:
         sub = demo.ledger.submit(JOB, {"period": demo.period, "employees": demo.employees},
                                  key=demo.period)
@@ -372,6 +423,10 @@ def _run(demo: Demo, crash_after: int | None) -> int:
             return 2
         if not sub.status.complete:
             _crash_then_finish(demo, crash_after)
-        return _report(demo, sub.created)
+        code = _report(demo, sub.created)
+        if as_json:  # the last line of output: one JSON object
+            demo.console.file.flush()
+            print(json.dumps(summary(demo)), flush=True)
+        return code
     finally:
         demo.ledger.close()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workledger import Context, Item, ItemView, Ledger, Permanent, Retry, Skip
+from workledger import BatchContext, Context, Item, ItemView, Ledger, Permanent, Retry, Skip
 from workledger.demos.payroll.config import (
     JOB,
     TEMPLATE_VERSION,
@@ -27,6 +27,8 @@ from workledger.demos.payroll.mail import Mailer, Uncertain, build_message
 from workledger.demos.payroll.render import render_payslip, write_atomically
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import SinkRecords
+
+DELIVER_BATCH = 25  # payslips per call of the delivery handler (one SMTP connection)
 
 
 class Payroll:
@@ -102,6 +104,19 @@ class Payroll:
                             f"{email} for {mid} before redriving") from exc
         return {**result, "recipient": email, "sha256": hashlib.sha256(pdf).hexdigest()}
 
+    def deliver_batch(self, items: list[ItemView], ctx: BatchContext) -> list[Any]:
+        """Deliver a batch over this thread's one SMTP connection; each message keeps its own
+        Message-ID and its own outcome (a refused mailbox fails only its own item)."""
+        out: list[Any] = []
+        for item, attempt, key in zip(items, ctx.attempts, ctx.idempotency_keys, strict=True):
+            one = Context(ctx.run_id, ctx.job, ctx.stage, attempt, key, ctx.worker_id,
+                          ctx.lease_token)
+            try:
+                out.append(self.deliver(item, one))
+            except (Retry, Permanent) as exc:
+                out.append(exc)
+        return out
+
     def verify(self, item: ItemView, ctx: Context) -> Any:
         """Asked by the sweeper about a delivery whose worker vanished: did the sink accept it?"""
         assert self.sink is not None
@@ -120,8 +135,10 @@ def build(url: str | None = None, config: PayrollConfig | None = None) -> Ledger
     job.decompose(payroll.split)
     job.stage("generate", idempotent=True, max_attempts=3)(payroll.generate)
     verify = payroll.verify if payroll.sink is not None else None
+    # rendering is CPU-bound: it runs in the worker's handler processes when it has them;
+    # delivering waits on the network: it stays in the worker's threads
     job.stage("deliver", after="generate", max_attempts=20, base_delay=0.5, max_delay=5.0,
-              verify=verify)(payroll.deliver)
+              verify=verify, executor="thread", batch=DELIVER_BATCH)(payroll.deliver_batch)
     return book
 
 

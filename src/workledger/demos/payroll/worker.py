@@ -16,6 +16,8 @@ from pathlib import Path
 from workledger.demos.payroll.config import PayrollConfig
 from workledger.demos.payroll.job import build
 
+APP = "workledger.demos.payroll.job:ledger"  # what the handler processes import
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m workledger.demos.payroll worker --db URL --out DIR --smtp HOST:PORT``."""
@@ -29,13 +31,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--lease", type=float, default=5.0)
+    parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 4),
+                        help="render payslips in this many processes (1: in threads)")
     args = parser.parse_args(argv)
     host, _, port = args.smtp.rpartition(":")
     config = PayrollConfig(Path(args.out), host, int(port), Path(args.sink) if args.sink else None)
+    # the handler processes import the job (workledger.demos.payroll.job:ledger), which reads
+    # its configuration from the environment
+    os.environ.update(config.as_env())
     book = build(args.db, config)
     try:
         report = book.work(concurrency=args.concurrency, chunk=args.chunk, lease=args.lease,
-                           until_idle=True)
+                           until_idle=True, processes=args.processes, app=APP)
     finally:
         book.close()
     print(json.dumps({k: v for k, v in vars(report).items() if isinstance(v, int)}))
