@@ -64,3 +64,11 @@ def test_the_http_load_script_runs_a_tiny_load_without_errors(tmp_path: Path) ->
     assert mode == "sqlite closed loop"
     assert set(routes) >= {"api run status", "run page", "metrics"}
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in routes.values()), routes
+
+
+def test_the_execution_benchmark_runs_a_tiny_sqlite_round() -> None:
+    done = run("execution.py", "--backend", "sqlite", "--repeat", "1", "--send-items", "30",
+               "--skip", "cpu", "payroll")
+    assert done.returncode == 0, done.stderr
+    assert "submit to first start, idle worker, sqlite" in done.stdout
+    assert "not idempotent, batched, sqlite" in done.stdout
