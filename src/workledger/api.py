@@ -433,6 +433,7 @@ class Ledger:
         """Runs newest first, ids below ``after``; with ``state``, only runs in that derived
         state. A state is derived, not stored, so a filtered page looks at up to ten pages of
         runs and may come back short with a ``next`` cursor to go on from."""
+        inputs.check_name("job name", job)  # a filter the database must be able to hold
         if state is not None and state not in RUN_STATES:
             raise BadInput(f"unknown run state {state!r} (one of {', '.join(RUN_STATES)})")
         if limit < 1 or (after is not None and after < 0):
@@ -462,6 +463,8 @@ class Ledger:
         index, so listing them never walks a run of a million items."""
         if state is not None and state not in ITEM_STATES:
             raise BadInput(f"unknown item state {state!r} (one of {', '.join(ITEM_STATES)})")
+        inputs.check_name("stage name", stage)  # filters the database must be able to hold
+        inputs.check_key(key)
         self._run(run_id)
         query = ItemsQuery(run_id, stage, state, limit, after_id)
         if key is not None:
