@@ -17,6 +17,7 @@ import pytest
 from test_cli import APPS, Run, cli_env, ok_json, one_error_line, wl  # noqa: F401 - wl: fixture
 
 from workledger import Ledger
+from workledger.errors import Refused
 from workledger.storage.port import ClaimParams, LeaseParams
 
 pytestmark = pytest.mark.integration
@@ -67,6 +68,37 @@ def test_a_finished_run_refuses_cancel_pause_and_resume(wl: Run, db_url: str,  #
     assert "completed_with_failures" in line and "nothing changed" in line
     assert _snapshot(db_url, run_id) == before
     assert ok_json(wl("status", str(run_id), "--json"))["state"] == "completed_with_failures"
+
+
+def test_a_run_that_completed_while_paused_can_be_resumed_and_then_closes(db_url: str) -> None:
+    """Found by the fault campaign (seed 1301, rounds 28 and 32): a run paused while its last
+    items were in flight completes with its closing hook pending; refusing to resume a
+    complete run stranded that hook for good."""
+    from workledger import Item
+
+    ledger = Ledger(db_url)
+    job = ledger.job("paused-close")
+    job.decompose(lambda p: [Item(key="last")])
+    closed: list[int] = []
+
+    @job.stage("work", idempotent=True)
+    def work(item: Any, ctx: Any) -> None:
+        ledger.pause(ctx.run_id, note="an operator pauses while it runs")
+
+    job.on_complete(lambda status: closed.append(status.run_id))
+    try:
+        run_id = job.submit({}).run_id
+        ledger.work(until_idle=True, concurrency=1)
+        ledger.sweep(grace=0)
+        assert closed == []  # paused: the closing hook waits
+        assert ledger.resume(run_id, note="go on") is True
+        ledger.sweep(grace=0)
+        assert closed == [run_id]
+        assert ledger.status(run_id).state == "completed"
+        with pytest.raises(Refused, match="a finished run is not resumed"):
+            ledger.resume(run_id)  # complete and no longer paused: nothing to resume
+    finally:
+        ledger.close()
 
 
 def test_a_cancelled_run_refuses_pause_and_resume(wl: Run) -> None:  # noqa: F811

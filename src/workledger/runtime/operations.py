@@ -247,8 +247,12 @@ def pause(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator"
 
 def resume(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator",
            note: str | None = None) -> bool:
-    """Let workers claim the run's items again; False when it was not paused."""
-    refuse_if_finished(store, run, job, "resumed")
+    """Let workers claim the run's items again; False when it was not paused. A paused run
+    is resumed even once its units are all done (its last items finished in flight while it
+    was paused): its closing hook waits for the resume, and refusing would strand it."""
+    if run.paused_at is None:
+        refuse_if_finished(store, run, job, "resumed")
+    refuse_if_cancelled(run, "resumed")
     return store.run_set_paused(run.id, False, actor, note)
 
 
