@@ -28,6 +28,7 @@ from workledger.errors import (
 from workledger.runtime import inputs, operations, overview, retention
 from workledger.runtime.audit import AuditFilter, Finding, audit
 from workledger.runtime.decompose import decompose
+from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS, History
 from workledger.runtime.overview import MetricsSnapshot
@@ -38,7 +39,7 @@ from workledger.runtime.results import RunStatus, Submission
 from workledger.runtime.retention import PruneReport, parse_duration
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
-from workledger.runtime.worker import Worker, WorkerOptions, WorkReport
+from workledger.runtime.worker import Worker
 from workledger.storage import DEFAULT_URL, open_store
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (

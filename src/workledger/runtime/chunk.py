@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
 from workledger.runtime.execute import run_batch, run_handler, to_finish
 from workledger.runtime.executors import Executor
+from workledger.runtime.holder import Holder
 from workledger.runtime.jobs import Job
 from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
 from workledger.storage.port import (
@@ -40,9 +40,6 @@ from workledger.storage.port import (
     LeaseParams,
     Store,
 )
-
-if TYPE_CHECKING:
-    from workledger.runtime.worker import Worker
 
 log = logging.getLogger("workledger.worker")
 
@@ -61,7 +58,7 @@ def is_suspect(item: ClaimedItem) -> bool:
 class Chunk:
     """The outcomes of one claimed chunk waiting to be written, and the leases still held."""
 
-    def __init__(self, worker: Worker, executor: Executor, job: Job,
+    def __init__(self, worker: Holder, executor: Executor, job: Job,
                  items: list[ClaimedItem], processes: ProcessExecutor | None = None) -> None:
         self.worker = worker
         self.store: Store = worker.store
@@ -338,7 +335,7 @@ def after_timeout(idempotent: bool, last_attempt: bool) -> str:
     return "its retries are exhausted" if last_attempt else "retried"
 
 
-def count(worker: Worker, run_id: int, finishes: list[Finish], result: FinishResult) -> None:
+def count(worker: Holder, run_id: int, finishes: list[Finish], result: FinishResult) -> None:
     """Add a write's outcomes to the worker's report (and say when some were stale)."""
     report = worker.report
     report.stale += len(result.stale)
@@ -369,7 +366,7 @@ class LateResults:
     def add(self, future: Future[list[Ran]], job: Job, run_id: int, charge: int) -> None:
         self.pending.append((future, job, run_id, charge))
 
-    def write(self, worker: Worker) -> None:
+    def write(self, worker: Holder) -> None:
         done = [p for p in self.pending if p[0].done()]
         self.pending = [p for p in self.pending if not p[0].done()]
         for future, job, run_id, charge in done:

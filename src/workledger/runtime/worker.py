@@ -20,10 +20,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
+from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job
 from workledger.runtime.patience import MAX_DELAY
 from workledger.runtime.processes import ProcessExecutor
@@ -33,51 +34,6 @@ from workledger.storage.port import ClaimedItem, ClaimParams, Store
 log = logging.getLogger("workledger.worker")
 
 STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    concurrency: int = 4
-    chunk: int = 100
-    lease: float = 30.0  # seconds
-    until_idle: bool = False
-    poll: float = 0.5  # seconds between claims when idle, where nothing wakes other processes
-    idle_poll: float = 5.0  # the same where the store wakes idle workers (PostgreSQL NOTIFY)
-    flush_every: float = 1.0  # write finished outcomes at least this often within a chunk
-    reclaim_every: float | None = None  # the sweeper's period; default min(lease / 2, 10 s)
-    timeout: float | None = None  # a handler's time limit where its stage sets none
-    log_every: float = 30.0  # seconds between the summaries the worker logs
-    processes: int = 1  # child processes for handlers (1: the worker's own threads only)
-    app: str | None = None  # module:attribute the child processes import
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.chunk < 1:
-            raise ValueError("concurrency and chunk must be at least 1")
-        if self.lease <= 0:
-            raise ValueError("lease must be positive")
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError("timeout must be positive")
-        if self.processes < 1:
-            raise ValueError("processes must be at least 1")
-        if self.processes > 1 and not self.app:
-            raise ValueError("handler processes need the app they import (module:attribute)")
-
-
-@dataclass
-class WorkReport:
-    claimed: int = 0
-    processed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    retried: int = 0
-    stale: int = 0
-    released: int = 0
-    reclaimed: int = 0
-    chunks: int = 0
-    abandoned: int = 0  # handlers abandoned past their time limit
-    lost_processes: int = 0  # items whose handler process died while running them
-    stuck: bool = False  # stopped because more handlers were stuck than it has threads
-    by_state: dict[str, int] = field(default_factory=dict)
 
 
 def new_worker_id() -> str:

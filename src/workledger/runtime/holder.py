@@ -1,0 +1,80 @@
+"""What a claimed chunk needs from the worker that holds it: its options, its report, and the
+handful of attributes :class:`~workledger.runtime.chunk.Chunk` reads. A protocol here, so the
+chunk does not import the worker that imports it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from workledger.runtime.jobs import Job
+from workledger.storage.port import Store
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    concurrency: int = 4
+    chunk: int = 100
+    lease: float = 30.0  # seconds
+    until_idle: bool = False
+    poll: float = 0.5  # seconds between claims when idle, where nothing wakes other processes
+    idle_poll: float = 5.0  # the same where the store wakes idle workers (PostgreSQL NOTIFY)
+    flush_every: float = 1.0  # write finished outcomes at least this often within a chunk
+    reclaim_every: float | None = None  # the sweeper's period; default min(lease / 2, 10 s)
+    timeout: float | None = None  # a handler's time limit where its stage sets none
+    log_every: float = 30.0  # seconds between the summaries the worker logs
+    processes: int = 1  # child processes for handlers (1: the worker's own threads only)
+    app: str | None = None  # module:attribute the child processes import
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.chunk < 1:
+            raise ValueError("concurrency and chunk must be at least 1")
+        if self.lease <= 0:
+            raise ValueError("lease must be positive")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError("timeout must be positive")
+        if self.processes < 1:
+            raise ValueError("processes must be at least 1")
+        if self.processes > 1 and not self.app:
+            raise ValueError("handler processes need the app they import (module:attribute)")
+
+
+@dataclass
+class WorkReport:
+    claimed: int = 0
+    processed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    retried: int = 0
+    stale: int = 0
+    released: int = 0
+    reclaimed: int = 0
+    chunks: int = 0
+    abandoned: int = 0  # handlers abandoned past their time limit
+    lost_processes: int = 0  # items whose handler process died while running them
+    stuck: bool = False  # stopped because more handlers were stuck than it has threads
+    by_state: dict[str, int] = field(default_factory=dict)
+
+
+class Late(Protocol):
+    """Where a handler abandoned past its time limit is left, to write its late result."""
+
+    def add(self, future: Future[Any], job: Job, run_id: int, charge: int) -> None: ...
+
+
+class Holder(Protocol):
+    """The worker, as a chunk sees it."""
+
+    store: Store
+    options: WorkerOptions
+    report: WorkReport
+    worker_id: str
+    rng: random.Random
+    clock: Callable[[], float]
+    @property
+    def late(self) -> Late: ...
+    @property
+    def stopping(self) -> bool: ...
