@@ -73,6 +73,7 @@ class Chunk:
         self.last_flush = worker.clock()
         self.last_beat = worker.clock()
         self.queued: deque[list[ClaimedItem]] = deque()  # units claimed, not yet handed out
+        self.batches = {s.name: s.batch for s in job.stages if s.batch}  # batch stages' sizes
 
     # -- the three ways items run ------------------------------------------------------------
 
@@ -118,6 +119,8 @@ class Chunk:
     def _units(self, items: list[ClaimedItem], size: int) -> list[list[ClaimedItem]]:
         """The tasks ``items`` make: a batch stage's items in batches of its size (one handler
         call each), the others in slices of ``size``."""
+        if not self.batches:  # the usual job: no batch stage
+            return [items[i:i + size] for i in range(0, len(items), size)]
         units: list[list[ClaimedItem]] = []
         plain = [i for i in items if not self._batch_of(i)]
         units += [plain[i:i + size] for i in range(0, len(plain), size)]
@@ -128,7 +131,7 @@ class Chunk:
         return units
 
     def _batch_of(self, item: ClaimedItem) -> int:
-        return self.job.stage_named(item.stage).batch or 0
+        return self.batches.get(item.stage, 0)
 
     def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str]) -> None:
         """One item per task, in rounds: each round's transaction writes the outcomes that came
@@ -181,8 +184,8 @@ class Chunk:
 
     def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:
         """Run items one after another; once the worker is stopping, leave the rest unstarted."""
-        first = self.job.stage_named(items[0].stage)
-        if first.batch:  # one call for the whole batch (a task never mixes stages then)
+        if self.batches.get(items[0].stage):  # one call for the whole batch (one stage)
+            first = self.job.stage_named(items[0].stage)
             if self.worker.stopping:
                 return [(item, None) for item in items]
             return list(zip(items, run_batch(self.job, first, items, self.worker.worker_id),
