@@ -33,7 +33,7 @@ from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS, History
 from workledger.runtime.overview import MetricsSnapshot
 from workledger.runtime.patience import Patience, patient
-from workledger.runtime.processes import find_app
+from workledger.runtime.processes import find_app, import_app
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
 from workledger.runtime.retention import PruneReport, parse_duration
@@ -59,8 +59,8 @@ from workledger.storage.port import (
 __all__ = ["CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS", "RUN_STATES",
            "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
            "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
-           "Worker", "differences", "limits", "mask_secrets", "masked_url", "parse_duration",
-           "since_time", "url_secrets", "visible"]
+           "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
+           "parse_duration", "since_time", "url_secrets", "visible"]
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 # Every state core/status.py:derive can give a run.
@@ -298,13 +298,7 @@ class Ledger:
 
     def resolve(self, run_id: int, stage: str, seq: int, as_state: str, *,
                 note: str | None = None, actor: str = "operator") -> bool:
-        inputs.check_name("stage name", stage)
-        inputs.check_id("item", seq)
-        run = self._run(run_id)
-        job = self.jobs.get(run.job)
-        if job is None and as_state == "processed":
-            raise UsageError(f"resolving as processed needs the definition of job {run.job!r} "
-                             "(its next stage): pass --app module:attribute")
+        run, job = self._resolving(run_id, stage, [seq], as_state)
         return operations.resolve(self.store, job, run, stage, seq,
                                   as_state, actor=actor, note=note)
 
@@ -313,16 +307,22 @@ class Ledger:
                      actor: str = "operator") -> tuple[int, int]:
         """Settle the stage's unknown items (``seqs``, or all of them) by one decision, each by
         its own guarded move and audited. Returns (resolved, settled by someone else)."""
+        run, job = self._resolving(run_id, stage, seqs or (), as_state)
+        return operations.resolve_many(self.store, job, run, stage, as_state, seqs=seqs,
+                                       actor=actor, note=note)
+
+    def _resolving(self, run_id: int, stage: str, seqs: Sequence[int],
+                   as_state: str) -> tuple[RunRow, Job | None]:
+        """The checks every resolution makes first; the run and its job's definition."""
         inputs.check_name("stage name", stage)
-        for seq in seqs or ():
+        for seq in seqs:
             inputs.check_id("item", seq)
         run = self._run(run_id)
         job = self.jobs.get(run.job)
         if job is None and as_state == "processed":
             raise UsageError(f"resolving as processed needs the definition of job {run.job!r} "
                              "(its next stage): pass --app module:attribute")
-        return operations.resolve_many(self.store, job, run, stage, as_state, seqs=seqs,
-                                       actor=actor, note=note)
+        return run, job
 
     def ack(self, run_id: int, *, note: str, stage: str | None = None, seq: int | None = None,
             actor: str = "operator") -> int:

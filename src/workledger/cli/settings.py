@@ -9,13 +9,11 @@ other command refuses a database that holds none (``NoLedger``), creating nothin
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from workledger.api import DEFAULT_URL, Ledger
+from workledger.api import DEFAULT_URL, Ledger, import_app
 from workledger.errors import AppError, BadInput, UsageError
 
 
@@ -60,12 +58,8 @@ def load_app(spec: str) -> Ledger:
         module = os.path.splitext(os.path.basename(module_name))[0] or "module"
         raise BadInput(f"cannot load app {spec!r}: give a module name, e.g. {module}:{attr} "
                        "(the current directory is on the import path)")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # apps in the current folder import, after the libraries
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_app(spec)  # the way a worker's handler processes import it too
     except UsageError as exc:  # a definition workledger refuses (a name over its limit)
         raise UsageError(f"cannot load app {spec!r}: {exc}") from exc
     except Exception as exc:

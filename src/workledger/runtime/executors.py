@@ -46,7 +46,31 @@ class _Task:
     abandoned: bool = field(default=False)
 
 
-class ThreadExecutor:
+class TaskBook:
+    """The tasks an executor was given and is not done with, by future: when each started,
+    and which were abandoned. Shared by the executors; ``_lock`` guards it."""
+
+    _lock: threading.Lock
+    _tasks: dict[Future[Any], Any]
+
+    def _track(self, task: Any) -> None:
+        with self._lock:
+            self._tasks[task.future] = task
+
+    def _task(self, future: Future[Any]) -> Any:
+        with self._lock:
+            return self._tasks.get(future)
+
+    def _forget(self, task: Any) -> None:
+        with self._lock:
+            self._tasks.pop(task.future, None)
+
+    def started_at(self, future: Future[Any]) -> float | None:
+        task = self._task(future)
+        return None if task is None else task.started
+
+
+class ThreadExecutor(TaskBook):
     """``size`` handler threads fed from one queue; an abandoned task's thread is replaced."""
 
     def __init__(self, size: int, name: str = "wl-handler",
@@ -91,22 +115,12 @@ class ThreadExecutor:
         with self._lock:
             self._live -= 1
 
-    def _forget(self, task: _Task) -> None:
-        with self._lock:
-            self._tasks.pop(task.future, None)
-
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
         task = _Task(future, fn)
-        with self._lock:
-            self._tasks[future] = task
+        self._track(task)
         self._queue.put(task)
         return future
-
-    def started_at(self, future: Future[Any]) -> float | None:
-        with self._lock:
-            task = self._tasks.get(future)
-        return None if task is None else task.started
 
     def abandon(self, future: Future[Any]) -> None:
         with self._lock:

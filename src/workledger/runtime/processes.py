@@ -33,6 +33,7 @@ from typing import Any
 
 from workledger.core.outcomes import Outcome
 from workledger.errors import AppError, UsageError
+from workledger.runtime.executors import TaskBook
 from workledger.storage.port import ClaimedItem
 
 POLL = 0.05  # seconds between looks at a running child (its outcome, its death, an abandon)
@@ -60,7 +61,10 @@ Ran = tuple[ClaimedItem, "Outcome | HolderLost | None"]  # None: never started
 
 
 def import_app(spec: str) -> Any:
-    """The object ``module:attribute`` names (a Ledger), for a child process."""
+    """The object ``module:attribute`` names: the CLI's ``--app``, and what a handler process
+    imports. The current directory is searched after the standard library and the installed
+    packages (appended to ``sys.path``), so a ``sqlite3.py`` lying there is never imported in
+    place of the real one."""
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # as the CLI's --app: the current folder, after libraries
@@ -160,7 +164,7 @@ class _Task:
     abandoned: bool = field(default=False)
 
 
-class ProcessExecutor:
+class ProcessExecutor(TaskBook):
     """``size`` child processes, each fed by a thread of the parent that owns its pipe."""
 
     def __init__(self, size: int, app: str, clock: Callable[[], float] = time.monotonic) -> None:
@@ -183,25 +187,18 @@ class ProcessExecutor:
     def submit_slice(self, work: Slice) -> Future[list[Ran]]:
         future: Future[list[Ran]] = Future()
         task = _Task(future, work)
-        with self._lock:
-            self._tasks[future] = task
+        self._track(task)
         self._queue.put(task)
         return future
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         raise TypeError("a process executor runs slices of items (submit_slice), not callables")
 
-    def started_at(self, future: Future[Any]) -> float | None:
-        with self._lock:
-            task = self._tasks.get(future)
-        return None if task is None else task.started
-
     def abandon(self, future: Future[Any]) -> None:
         """Past its time limit: its child is killed (and replaced) by the thread feeding it."""
-        with self._lock:
-            task = self._tasks.get(future)
-            if task is not None:
-                task.abandoned = True
+        task = self._task(future)
+        if task is not None:
+            task.abandoned = True
 
     @property
     def stuck(self) -> int:
@@ -270,7 +267,3 @@ class ProcessExecutor:
                 return _Child(self.app, dead.proc.name)
             except AppError:
                 time.sleep(1.0)  # the app failed to import now: try again, do not spin
-
-    def _forget(self, task: _Task) -> None:
-        with self._lock:
-            self._tasks.pop(task.future, None)
