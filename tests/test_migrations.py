@@ -50,6 +50,8 @@ PUBLIC_COLUMNS = {
         "not_before",
         "lease_token",
         "started_at",
+        "redispatch_at",
+        "dispatches",
         "result",
         "error",
         "created_at",

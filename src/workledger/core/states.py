@@ -26,7 +26,8 @@ class Actor(StrEnum):
     """Who makes a move: the part of the system whose code path runs the statement."""
 
     DECOMPOSER = "decomposer"  # submit, or the sweeper re-decomposing a run
-    WORKER = "worker"  # a worker's claim loop (and a broker task that claims by identity)
+    WORKER = "worker"  # a worker's claim loop, and what any holder of a chunk writes
+    BROKER = "broker"  # a task a broker delivered: claims the items its message names
     SWEEPER = "sweeper"  # expired leases, verify hooks, the closing hook
     OPERATOR = "operator"  # a person: retry, resolve, cancel
 
@@ -66,6 +67,7 @@ class Move(NamedTuple):
 _P, _C, _D, _F, _S, _U = (ItemState.PENDING, ItemState.CLAIMED, ItemState.PROCESSED,
                           ItemState.FAILED, ItemState.SKIPPED, ItemState.UNKNOWN)
 _DEC, _WRK, _SWP, _OPR = Actor.DECOMPOSER, Actor.WORKER, Actor.SWEEPER, Actor.OPERATOR
+_BRK = Actor.BROKER
 _FINISH = "items_finish_if_leased"
 
 
@@ -82,6 +84,9 @@ MOVES: tuple[Move, ...] = tuple(
     + _rows("handoff", None, _P, "items_handoff", _WRK, _SWP, _OPR)
     + _rows("insert_close", None, _P, "items_insert", _SWP)
     + _rows("claim", _P, _C, "items_claim", _WRK, _SWP)
+    # a broker task claims by identity; what it writes after that is the worker's code
+    # (runtime/chunk.py), so its other moves are the worker's rows
+    + _rows("claim", _P, _C, "items_claim_by_identity", _BRK)
     + _rows("complete", _C, _D, _FINISH, _WRK, _SWP)
     + _rows("fail", _C, _F, _FINISH, _WRK, _SWP)
     + _rows("skip", _C, _S, _FINISH, _WRK, _SWP)

@@ -19,6 +19,7 @@ from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
 from workledger.errors import UnknownRun
 from workledger.storage import common
 from workledger.storage.dialect import C
+from workledger.storage.dispatching import Dispatching
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
     ClaimedItem,
@@ -47,7 +48,7 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Overview[C]):
+class LedgerStore(Overview[C], Dispatching[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------

@@ -284,6 +284,30 @@ class FinishedRuns:
 
 
 @dataclass(frozen=True)
+class IdentityClaim:
+    """A broker task's claim: exactly the items one message names (runtime/dispatch.py)."""
+
+    run_id: int
+    stage: str
+    seqs: Sequence[int]
+    lease_seconds: float
+    actor: str = "worker"
+    record_event: bool = False  # a 'claimed' event per item (full history jobs)
+
+
+@dataclass(frozen=True)
+class DispatchMark:
+    """Items about to be named by a published message: each still pending owes the next one
+    ``delay + wait * 2^(messages so far, at most 4)`` seconds from now."""
+
+    run_id: int
+    stage: str
+    seqs: Sequence[int]
+    wait: float  # the ledger's redispatch_after
+    delay: float = 0.0  # a retry's backoff: the broker holds the message that long
+
+
+@dataclass(frozen=True)
 class Attention:
     """Ledger-wide counts of what waits on the sweeper or a person."""
 
@@ -352,6 +376,18 @@ class Store(Protocol):
     def events_add(self, events: Sequence[NewEvent]) -> None: ...
     def events_list(self, run_id: int, item_id: int | None = None,
                     kind: str | None = None) -> list[EventRow]: ...
+
+    # -- dispatch through a broker (runtime/dispatch.py, migration 0006) ----------------------
+
+    def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]: ...
+    # before the mark of a run dispatched through a broker: its stage's pending rows owe a
+    # message `wait` s from now (in short transactions); how many
+    def items_owe(self, run_id: int, stage: str, wait: float) -> int: ...
+    def items_pending_seqs(self, run_id: int, stage: str, after_id: int,
+                           limit: int) -> list[tuple[int, int]]: ...  # (id, seq) in id order
+    def items_mark_dispatched(self, params: DispatchMark) -> list[int]: ...  # the seqs marked
+    # pending, due, and owed a message by now: (stage, seq), oldest first
+    def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]: ...
 
     # -- reads for the HTTP layer and metrics; retention --------------------------------------
 

@@ -216,8 +216,9 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
-INSERT INTO wl_items (run_id, stage, seq, key, data)
-SELECT i.run_id, h.stage, i.seq, i.key, i.data
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0006)
+INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
+SELECT i.run_id, h.stage, i.seq, i.key, i.data, i.redispatch_at
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
 JOIN wl_items AS i ON i.id = h.id
 WHERE i.id = ANY (%(ids)s::bigint[])  -- lets the planner fetch by primary key, never scan
@@ -514,3 +515,79 @@ WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = 
 SELECT DISTINCT run_id FROM wl_stage_counts AS c
 WHERE NOT EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = c.run_id)
 ORDER BY run_id;
+
+-- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0006).
+
+-- name: items_claim_by_identity
+-- moves: pending -> claimed
+-- A broker task's claim: exactly the items its message names (one run, one stage, some seqs),
+-- found through the unique (run_id, stage, seq) index, so it costs O(seqs) at any run size
+-- (state COLLATE "C": the planner never walks wl_items_claimable for it). Only items still
+-- pending and due in a run decomposed, not paused, not cancelled, locked in id order with SKIP
+-- LOCKED: a copy of a message already claimed (or being claimed) finds nothing. One token for
+-- the claim, taken only when it finds rows. redispatch_at becomes the claim's time: the item
+-- is owed a message as soon as it is pending again (a retry, a release, an expired lease).
+WITH token AS (SELECT nextval('wl_lease_token_seq') AS value),
+picked AS (
+    SELECT i.id FROM wl_items AS i
+    WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.seq = ANY (%(seqs)s::bigint[])
+      AND i.state COLLATE "C" = 'pending'
+      AND (i.not_before IS NULL OR i.not_before <= now())
+      AND i.stage <> '@close'
+      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
+                  AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+                  AND r.cancelled_at IS NULL)
+    ORDER BY i.id
+    FOR UPDATE SKIP LOCKED)
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    lease_token = (SELECT value FROM token),
+    lease_until = now() + make_interval(secs => %(lease)s::float8),
+    updated_at = now(),
+    redispatch_at = now(),
+    dispatches = 0
+WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
+          wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
+
+-- name: items_owe
+-- Before a run dispatched through a broker is marked decomposed: a page (in id order) of its
+-- first stage's pending rows owes a message from :wait seconds from now, in case the process
+-- dies between the mark and the publish. Nothing of the run is claimable before the mark.
+UPDATE wl_items SET
+    redispatch_at = now() + make_interval(secs => %(wait)s::float8),
+    dispatches = 1
+WHERE id = ANY (ARRAY(SELECT id FROM wl_items
+                      WHERE run_id = %(run_id)s AND state = 'pending' AND stage = %(stage)s
+                        AND id > %(after_id)s
+                      ORDER BY id LIMIT %(limit)s))
+RETURNING id;
+
+-- name: items_pending_seqs
+-- A page (in id order) of a stage's pending items: what a decomposition's messages name.
+SELECT id, seq FROM wl_items
+WHERE run_id = %(run_id)s AND state = 'pending' AND stage = %(stage)s AND id > %(after_id)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: items_mark_dispatched
+-- Just before their message is published: the items still pending owe the next one from
+-- delay (a retry's backoff) plus wait * 2^(messages so far, at most 4) seconds from now.
+-- Returns the seqs marked, which are the ones the message names.
+UPDATE wl_items SET
+    redispatch_at = now() + make_interval(
+        secs => %(delay)s::float8 + %(wait)s::float8 * power(2, least(dispatches, 4))),
+    dispatches = dispatches + 1
+WHERE run_id = %(run_id)s AND stage = %(stage)s AND seq = ANY (%(seqs)s::bigint[])
+  AND state COLLATE "C" = 'pending'
+RETURNING seq;
+
+-- name: items_owed
+-- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the
+-- broker, or never published), due themselves, oldest first; through wl_items_owed alone.
+SELECT stage, seq FROM wl_items
+WHERE run_id = %(run_id)s AND state = 'pending' AND redispatch_at IS NOT NULL
+  AND redispatch_at <= now()
+  AND (not_before IS NULL OR not_before <= now())
+  AND stage <> '@close'
+ORDER BY redispatch_at LIMIT %(limit)s;

@@ -210,8 +210,9 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
-INSERT INTO wl_items (run_id, stage, seq, key, data)
-SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0006)
+INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
+SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data, i.redispatch_at
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
 WHERE true
 ON CONFLICT (run_id, stage, seq) DO NOTHING
@@ -494,3 +495,74 @@ WHERE run_id = :run_id AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :ru
 SELECT DISTINCT run_id FROM wl_stage_counts AS c
 WHERE NOT EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = c.run_id)
 ORDER BY run_id;
+
+-- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0006).
+
+-- name: items_claim_by_identity
+-- moves: pending -> claimed
+-- A broker task's claim: exactly the items its message names (one run, one stage, some seqs),
+-- found through the unique (run_id, stage, seq) index, so it costs O(seqs) at any run size.
+-- Only items still pending and due in a run decomposed, not paused, not cancelled: a copy of
+-- a message already claimed finds nothing. redispatch_at becomes the claim's time: the item
+-- is owed a message as soon as it is pending again (a retry, a release, an expired lease).
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    lease_token = :token,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    redispatch_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    dispatches = 0
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
+    WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
+      AND state = 'pending'
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')))
+  AND stage <> '@close'
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: items_owe
+-- Before a run dispatched through a broker is marked decomposed: a page (in id order) of its
+-- first stage's pending rows owes a message from :wait seconds from now, in case the process
+-- dies between the mark and the publish. Nothing of the run is claimable before the mark.
+UPDATE wl_items SET
+    redispatch_at = strftime('%Y-%m-%d %H:%M:%f', 'now',
+                             '+' || printf('%.3f', :wait) || ' seconds'),
+    dispatches = 1
+WHERE id IN (SELECT id FROM wl_items INDEXED BY wl_items_claimable
+             WHERE run_id = :run_id AND state = 'pending' AND stage = :stage
+               AND id > :after_id
+             ORDER BY id LIMIT :limit)
+RETURNING id;
+
+-- name: items_pending_seqs
+-- A page (in id order) of a stage's pending items: what a decomposition's messages name.
+SELECT id, seq FROM wl_items INDEXED BY wl_items_claimable
+WHERE run_id = :run_id AND state = 'pending' AND stage = :stage AND id > :after_id
+ORDER BY id LIMIT :limit;
+
+-- name: items_mark_dispatched
+-- Just before their message is published: the items still pending owe the next one from
+-- delay (a retry's backoff) plus wait * 2^(messages so far, at most 4) seconds from now.
+-- Returns the seqs marked, which are the ones the message names.
+UPDATE wl_items SET
+    redispatch_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || printf('%.3f',
+        :delay + :wait * (1 << min(dispatches, 4))) || ' seconds'),
+    dispatches = dispatches + 1
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
+    WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs)))
+  AND state = 'pending'
+RETURNING seq;
+
+-- name: items_owed
+-- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the
+-- broker, or never published), due themselves, oldest first; through wl_items_owed alone.
+SELECT stage, seq FROM wl_items INDEXED BY wl_items_owed
+WHERE run_id = :run_id AND state = 'pending' AND redispatch_at IS NOT NULL
+  AND redispatch_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+  AND stage <> '@close'
+ORDER BY redispatch_at LIMIT :limit;

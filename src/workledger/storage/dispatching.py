@@ -1,0 +1,73 @@
+"""The port methods of dispatch through a broker, written once over the dialect hooks.
+
+A broker task claims exactly the items its message names (``items_claim_by_identity``); the
+ledger knows which pending items are owed a message and since when (``wl_items.redispatch_at``,
+migration 0006), so that a message the broker lost, or one never published because its
+publisher died after its commit, is published again by the sweeper (``runtime/dispatch.py``).
+``LedgerStore`` inherits these; they are here to keep ``base.py`` about moving items.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from workledger.storage import common
+from workledger.storage.dialect import C, Dialect
+from workledger.storage.port import ClaimedItem, DispatchMark, IdentityClaim
+
+OWE_PAGE = 5000  # rows per transaction when a decomposition's rows are marked owed
+
+
+class Dispatching(Dialect[C]):
+    """Claims by identity and the outbox's bookkeeping; mixed into ``LedgerStore``."""
+
+    def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]:
+        if not params.seqs:
+            return []
+        with self._tx() as conn:
+            rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
+                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                "stage": params.stage, "seqs": self._list(params.seqs),
+                **self._lease_token(conn)})
+            claimed = common.claimed_items(rows, decode=self.json_as_text)
+            if claimed:
+                self._lease_token_taken(conn)
+                if params.record_event:
+                    self._many(conn, self.Q["events_add"],
+                               common.claim_events(claimed, params.actor))
+                self._count(conn, params.run_id, common.Tally.moves(
+                    map(itemgetter(2), rows), "pending", "claimed"))
+        common.failpoint("claim.after_commit")
+        return claimed
+
+    def items_owe(self, run_id: int, stage: str, wait: float) -> int:
+        owed, after = 0, 0
+        while True:
+            with self._tx() as conn:
+                ids = [int(r[0]) for r in self._tuples(conn, self.Q["items_owe"], {
+                    "run_id": run_id, "stage": stage, "after_id": after,
+                    "limit": OWE_PAGE, "wait": float(wait)})]
+            owed += len(ids)
+            if len(ids) < OWE_PAGE:
+                return owed
+            after = max(ids)
+
+    def items_pending_seqs(self, run_id: int, stage: str, after_id: int,
+                           limit: int) -> list[tuple[int, int]]:
+        rows = self._read_tuples(self.Q["items_pending_seqs"], {
+            "run_id": run_id, "stage": stage, "after_id": after_id, "limit": limit})
+        return [(int(r[0]), int(r[1])) for r in rows]
+
+    def items_mark_dispatched(self, params: DispatchMark) -> list[int]:
+        if not params.seqs:
+            return []
+        with self._tx() as conn:
+            rows = self._tuples(conn, self.Q["items_mark_dispatched"], {
+                "run_id": params.run_id, "stage": params.stage,
+                "seqs": self._list(params.seqs), "wait": float(params.wait),
+                "delay": float(params.delay)})
+        return sorted(int(r[0]) for r in rows)
+
+    def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
+        rows = self._read_tuples(self.Q["items_owed"], {"run_id": run_id, "limit": limit})
+        return [(str(r[0]), int(r[1])) for r in rows]
