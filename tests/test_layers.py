@@ -22,6 +22,8 @@ pytestmark = pytest.mark.unit
 SRC = Path(__file__).resolve().parents[1] / "src"
 PUBLIC = {"workledger", "workledger.api", "workledger.errors", "workledger.progress"}
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
+# what the integrations bring (extras): imported only by workledger.contrib
+INTEGRATIONS = {"celery", "kombu", "amqp", "billiard", "rq", "redis", "django"}
 
 
 def module_name(path: Path) -> str:
@@ -144,6 +146,32 @@ def test_the_demos_use_the_public_api_only() -> None:
             private = {i for i in internal_imports(name)
                        if not i.startswith("workledger.demos") and i not in PUBLIC}
             assert private == set(), name
+
+
+def test_only_the_integrations_import_a_broker_or_a_framework() -> None:
+    """The core never imports celery, rq, redis or kombu: only ``workledger.contrib`` does,
+    and only when the user imports it (each is an extra of pyproject.toml)."""
+    for name in modules():
+        brought = {i for i in imports_of(name) if i.split(".")[0] in INTEGRATIONS}
+        if brought:
+            assert name.startswith("workledger.contrib."), (name, brought)
+
+
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    for name in modules():
+        if not name.startswith("workledger.contrib"):
+            reached = {i for i in internal_imports(name) if i.startswith("workledger.contrib")}
+            assert reached == set(), name
+
+
+def test_the_integrations_use_the_public_api_and_the_runtime() -> None:
+    found = [name for name in modules() if name.startswith("workledger.contrib.")]
+    assert {"workledger.contrib.celery", "workledger.contrib.rq"} <= set(found)
+    for name in found:
+        beneath = {i for i in internal_imports(name)
+                   if not i.startswith(("workledger.contrib", "workledger.runtime"))
+                   and i not in PUBLIC}
+        assert beneath == set(), name
 
 
 def test_the_reading_of_imports_sees_what_these_rules_need() -> None:

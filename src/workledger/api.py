@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,8 @@ from workledger.errors import (
 from workledger.runtime import inputs, operations, overview, retention
 from workledger.runtime.audit import AuditFilter, Finding, audit
 from workledger.runtime.decompose import decompose
+from workledger.runtime.delivery import Delivery
+from workledger.runtime.dispatch import Broker, Outbox, dispatching
 from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.operations import RESOLVE_TARGETS, History
@@ -84,10 +87,14 @@ class Ledger:
     ``url``: ``sqlite:///relative.db``, ``sqlite:////absolute.db`` or
     ``postgresql://user@host:5432/db``; default ``WORKLEDGER_DB`` or ``sqlite:///workledger.db``.
     The database is opened (and migrated) on first use.
+
+    ``dispatch``: a broker to dispatch through instead of the ledger's own workers
+    (``workledger.contrib.celery.CeleryDispatch``, ``workledger.contrib.rq.RQDispatch``): the
+    messages name items, the ledger decides what becomes of them (docs/design.md, dispatch).
     """
 
     def __init__(self, url: str | None = None, *, seed: int | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, dispatch: Broker | None = None) -> None:
         self.url = url or os.environ.get("WORKLEDGER_DB") or DEFAULT_URL
         # False: a database that holds no ledger is refused (NoLedger), not created
         self.create = create
@@ -97,6 +104,11 @@ class Ledger:
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._skips: dict[tuple[int, int, int], tuple[int, list[ReasonGroup]]] = {}
+        self.dispatch = dispatch
+        self._outbox: Outbox | None = None
+        self._delivery: Delivery | None = None
+        if dispatch is not None:
+            self._through(dispatch)
 
     # -- database --------------------------------------------------------------------------
 
@@ -110,8 +122,40 @@ class Ledger:
                 except BaseException:
                     store.close()
                     raise
-                self._store = store
+                self._store = store if self._outbox is None else dispatching(store,
+                                                                            self._outbox)
             return self._store
+
+    # -- dispatch through a broker -----------------------------------------------------------
+
+    def _through(self, dispatch: Broker) -> None:
+        self._outbox = Outbox(dispatch, self._app_name)
+        self._delivery = Delivery(self.jobs, lambda: patient(self.store, Patience(
+            600.0, rng=random.Random(self.rng.random()))), self._outbox, dispatch.options)
+        dispatch.bind(self)
+        # a broker worker forks its task processes (Celery's prefork pool, RQ's work horse):
+        # a child must open its own connections, never use its parent's
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
+
+    def _app_name(self) -> str:
+        """``module:attribute`` that names this ledger in a broker's worker processes."""
+        assert self.dispatch is not None
+        try:
+            return self.dispatch.options.app or self.app or find_app(self)
+        except UsageError:
+            raise UsageError("a broker's workers import the ledger that a message names: "
+                             "make this ledger a module's attribute, or give the dispatch "
+                             "app='module:attribute'") from None
+
+    def deliver(self, body: Any) -> WorkReport:
+        """Run the message a broker delivered (what ``contrib.celery``'s task and
+        ``contrib.rq``'s job call): claim exactly the items it names that are still pending,
+        run their handlers as a worker does, write the outcomes fenced, and publish what that
+        made claimable. A copy of a message already claimed does nothing."""
+        if self._delivery is None:
+            raise UsageError("this ledger dispatches through no broker (Ledger(dispatch=...))")
+        return self._delivery.run(body)
 
     def wait_out_outages(self, retry_for: float = 600.0) -> None:
         """From now on every call waits out a database outage (a dropped connection, a
@@ -276,9 +320,13 @@ class Ledger:
         failure (0: every pass). ``timeout``: a verify or closing hook's time limit where its
         stage sets none."""
         chosen = {name: self.job_named(name) for name in (jobs or sorted(self.jobs))}
-        return Sweeper(store or self.store, chosen, self.status, actor=actor, grace=grace,
+        on = store or self.store
+        outbox = self._outbox
+        redispatch = None if outbox is None else (
+            lambda: outbox.redispatch(on, on.runs_claimable(sorted(chosen))))
+        return Sweeper(on, chosen, self.status, actor=actor, grace=grace,
                        lease=lease, rng=random.Random(self.rng.random()), backoff=backoff,
-                       timeout=timeout)
+                       timeout=timeout, redispatch=redispatch)
 
     def sweep(self, *, grace: float = 30.0, lease: float = 30.0) -> SweepReport:
         """One sweeper pass now (by hand: a failing decomposer is retried at once, no backoff):
@@ -529,6 +577,15 @@ class Ledger:
             raise BadInput("the cutoff must not be negative")
         return retention.prune(self.store, self.jobs, older_than, job=job, dry_run=dry_run,
                                export=export)
+
+
+def _forget_after_fork(ref: weakref.ReferenceType[Ledger]) -> None:
+    """In a forked child: drop (never close) the parent's connections; the child opens its
+    own on first use."""
+    ledger = ref()
+    if ledger is not None:
+        ledger._store = None
+        ledger._lock = threading.Lock()
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -24,6 +24,7 @@ POINTS = (
     "reclaim.after_commit",  # expired leases moved and committed
     "closing.after_hook",  # the closing hook ran, its completion is not recorded
     "reconcile.before_commit",  # a repaired projection written, not committed
+    "dispatch.before_publish",  # items committed and owed a message, the broker not told yet
 )
 
 

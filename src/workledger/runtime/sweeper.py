@@ -7,7 +7,10 @@ safe when two sweepers race, because every write is guarded by the state it move
 - handles expired leases as the stage declares (docs/design.md, invariant 5): idempotent -> pending,
   ``verify`` hook -> ask it, otherwise -> ``unknown`` for a person to ``resolve``;
 - asks ``verify`` hooks about ``unknown`` items still awaiting them;
-- runs the closing hook of complete runs, once, as a ledger entry of its own.
+- runs the closing hook of complete runs, once, as a ledger entry of its own;
+
+and, for a ledger that dispatches through a broker, publishes again the messages its pending
+items are owed by now (``runtime/dispatch.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class SweepReport:
     verified: int = 0
     closed: int = 0
     closing_failed: int = 0
+    redispatched: int = 0  # items whose messages were overdue, published again (a broker)
 
 
 class Sweeper:
@@ -118,9 +122,12 @@ class Sweeper:
         rng: random.Random | None = None,
         backoff: float = 0.0,
         timeout: float | None = None,
+        redispatch: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.timeout = timeout  # a hook's time limit where its stage sets none
+        # with a broker: publish again what is owed a message by now (runtime/dispatch.py)
+        self.redispatch = redispatch
         # after a decomposer failed n times, wait backoff * 2^(n-1) s (at most 1 h) to retry it
         self.backoff = backoff
         self.jobs = dict(jobs)
@@ -136,6 +143,8 @@ class Sweeper:
         self._expired_leases(report)
         self._verify_unknown(report)
         self._close_runs(report)
+        if self.redispatch is not None:  # last: what this pass made pending goes out now
+            report.redispatched = self.redispatch()
         return report
 
     # -- runs never decomposed ---------------------------------------------------------------

@@ -578,7 +578,11 @@ UPDATE wl_items SET
     redispatch_at = now() + make_interval(
         secs => %(delay)s::float8 + %(wait)s::float8 * power(2, least(dispatches, 4))),
     dispatches = dispatches + 1
-WHERE run_id = %(run_id)s AND stage = %(stage)s AND seq = ANY (%(seqs)s::bigint[])
+-- rows in id order (the lock order of every write of items), found by their identity
+WHERE id = ANY (ARRAY(SELECT id FROM wl_items
+                      WHERE run_id = %(run_id)s AND stage = %(stage)s
+                        AND seq = ANY (%(seqs)s::bigint[])
+                      ORDER BY id))
   AND state COLLATE "C" = 'pending'
 RETURNING seq;
 

@@ -1,0 +1,46 @@
+"""What a broker's worker process runs beside the broker's own loop: the ledger's sweeper.
+
+A user starts only the broker's worker command; its processes run the ledger's periodic
+sweeper (``runtime/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
+and the re-dispatch of what a broker lost), in a thread, only while this process leads the
+sweeping of the ledger's jobs (``Store.lead``), exactly as ``workledger worker`` does. Many
+broker worker processes of one ledger therefore run one sweeper, and a second one takes over
+when the first is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict
+
+from workledger.api import Ledger
+from workledger.runtime.patience import Patience, patient
+from workledger.runtime.sweeper import SweepLoop, SweepReport
+from workledger.runtime.worker import new_worker_id
+
+log = logging.getLogger("workledger.dispatch")
+
+EVERY_AT_MOST = 10.0  # seconds between sweeps, as a worker's: min(lease / 2, this)
+
+
+def start_sweeping(ledger: Ledger) -> SweepLoop:
+    """Start the ledger's sweeper loop in a thread of this process; stop it with ``stop()``."""
+    assert ledger.dispatch is not None
+    options = ledger.dispatch.options
+    store = patient(ledger.store, Patience(600.0, rng=random.Random()))
+    sweeper = ledger.sweeper(actor=f"{new_worker_id()} sweeper", lease=options.lease,
+                             timeout=options.timeout, store=store, backoff=30.0)
+    every = min(options.lease / 2, options.wait / 2, EVERY_AT_MOST)
+    loop = SweepLoop(sweeper, store, every, _swept)
+    loop.start()
+    log.info("sweeping %s (jobs %s) every %gs while this process leads; re-dispatching what "
+             "waited %gs without a claim", ledger.where, ", ".join(sorted(ledger.jobs)),
+             every, options.wait)
+    return loop
+
+
+def _swept(report: SweepReport) -> None:
+    done = {k: v for k, v in asdict(report).items() if v}
+    if done:
+        log.info("sweep: %s", ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in done.items()))

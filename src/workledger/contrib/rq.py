@@ -1,0 +1,183 @@
+"""Dispatch a ledger's work through RQ (Redis Queue).
+
+>>> from redis import Redis                                            # doctest: +SKIP
+>>> from workledger import Ledger
+>>> from workledger.contrib.rq import RQDispatch
+>>> ledger = Ledger("postgresql://...", dispatch=RQDispatch(Redis()))  # doctest: +SKIP
+
+then ``rq worker -w workledger.contrib.rq.Worker workledger``. Every message is one RQ job
+calling ``workledger.contrib.rq.deliver`` with one argument, the identity of some items, on the
+dispatch's queue (``workledger`` unless you name another); see docs/rq.md. The worker class is
+RQ's own (a work horse forked per job) plus two things: the ledger's sweeper runs in the
+worker's process, leader-elected, and RQ's scheduler is on (it holds a retry's message until it
+is due). It finds the ledgers to sweep where the dispatch records them when it publishes: the
+Redis set ``workledger:apps:<queue>`` (or ``WORKLEDGER_APP``, comma-separated).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import rq
+from redis import ConnectionPool, Redis
+
+from workledger.contrib._sweeping import start_sweeping
+from workledger.runtime.dispatch import BrokerDispatch, Message
+from workledger.runtime.processes import import_app
+from workledger.runtime.sweeper import SweepLoop
+
+log = logging.getLogger("workledger.dispatch")
+
+DELIVER = "workledger.contrib.rq.deliver"
+APPS_KEY = "workledger:apps:{queue}"  # the ledgers whose messages a queue carries
+LOOK_EVERY = 5.0  # seconds between looks for ledgers to sweep, in an rq worker
+# Held while a sweeper thread imports an app and while the worker forks a work horse: a fork
+# in the middle of an import would leave the horse waiting forever on the import's lock.
+_FORKING = threading.Lock()
+
+
+def deliver(body: Any) -> dict[str, int]:
+    """The job: run what the message names in the ledger it names (``Ledger.deliver``)."""
+    message = Message.from_body(body)
+    report = import_app(message.app).deliver(body)
+    return {"claimed": report.claimed, "processed": report.processed, "failed": report.failed,
+            "retried": report.retried, "stale": report.stale}
+
+
+class RQDispatch(BrokerDispatch):
+    """Publish a ledger's messages as RQ jobs on ``queue``, through ``connection``.
+
+    ``job_timeout``: RQ's limit on one message (its work horse is killed past it; the ledger's
+    leases and sweeper bring the items back), default RQ's. ``chunk``, ``lease``,
+    ``redispatch_after``, ``concurrency``, ``timeout`` and ``app``: see
+    :class:`~workledger.runtime.dispatch.DispatchOptions`."""
+
+    def __init__(self, connection: Redis, queue: str = "workledger", *,
+                 job_timeout: int | None = None, **options: Any) -> None:
+        super().__init__(queue, **options)
+        self.redis = connection
+        self.rq_queue = rq.Queue(queue, connection=connection)
+        self.job_timeout = job_timeout
+        self._recorded: set[str] = set()
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        self.announce(messages[0].app)
+        now = [m for m in messages if m.delay <= 0]
+        if now:
+            self.rq_queue.enqueue_many([rq.Queue.prepare_data(
+                DELIVER, (m.body(),), timeout=self.job_timeout, result_ttl=0) for m in now])
+        for m in messages:
+            if m.delay > 0:  # held by RQ's scheduler until due
+                self.rq_queue.enqueue_in(timedelta(seconds=m.delay), DELIVER, m.body(),
+                                         job_timeout=self.job_timeout, result_ttl=0)
+
+    def announce(self, app: str) -> None:
+        """Say in Redis which ledger this queue carries, for the workers' sweepers: before a
+        run's items are marked owed, so a submitter that dies before its publish still leaves
+        the ledger's name where the workers look for it."""
+        if app not in self._recorded:
+            self.redis.sadd(APPS_KEY.format(queue=self.queue), app)
+            self._recorded.add(app)
+
+    def purge(self) -> int:
+        """Drop every message waiting in the queue (what a broker may lose); how many."""
+        waiting = self.rq_queue.count
+        self.rq_queue.empty()  # type: ignore[no-untyped-call]  # rq leaves it untyped
+        return waiting
+
+
+class Worker(rq.Worker):
+    """RQ's worker, with the ledgers' sweepers in its process and RQ's scheduler on:
+    ``rq worker -w workledger.contrib.rq.Worker QUEUE``."""
+
+    _sweepers: _Sweepers | None = None
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        kwargs["with_scheduler"] = True  # a retry's message is held until due by it
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            if self._sweepers is not None:
+                self._sweepers.stop()
+
+    def bootstrap(self, logging_level: str | None = "INFO", date_format: str = "%H:%M:%S",
+                  log_format: str = "%(asctime)s %(message)s") -> None:
+        super().bootstrap(logging_level, date_format, log_format)
+        # the ledger's lines (its sweeper, its outages) go where RQ's own go
+        from rq.logutils import setup_loghandlers
+
+        level = logging_level or self.log.getEffectiveLevel()  # RQ's, when the CLI sets none
+        setup_loghandlers(level, date_format, log_format, name="workledger")
+        # a client of its own: the worker's blocks in its dequeue, with a timeout to match
+        pool = self.connection.connection_pool
+        own = Redis(connection_pool=ConnectionPool(
+            connection_class=pool.connection_class,
+            **{k: v for k, v in pool.connection_kwargs.items() if k != "socket_timeout"}))
+        self._sweepers = _Sweepers(own, self.queue_names())
+        self._sweepers.start()
+
+    def fork_work_horse(self, job: Any, queue: Any) -> None:
+        with _FORKING:
+            super().fork_work_horse(job, queue)
+
+
+class _Sweepers:
+    """The sweepers of the ledgers this worker's queues carry, started as they are found."""
+
+    def __init__(self, connection: Redis, queues: list[str]) -> None:
+        self.connection = connection
+        self.queues = queues
+        self.loops: dict[str, SweepLoop] = {}
+        self.skipped: set[str] = set()  # names that cannot be swept: said once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wl-sweepers", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        for loop in self.loops.values():
+            loop.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for app in sorted(self._apps() - set(self.loops) - self.skipped):
+                    self._sweep(app)
+            except Exception:  # noqa: BLE001 - Redis away: the next look tries again
+                log.exception("could not look for the ledgers to sweep")
+            self._stop.wait(LOOK_EVERY)
+
+    def _apps(self) -> set[str]:
+        named = {a for a in os.environ.get("WORKLEDGER_APP", "").split(",") if a}
+        for queue in self.queues:
+            named |= {a.decode() if isinstance(a, bytes) else str(a) for a in
+                      self.connection.smembers(APPS_KEY.format(queue=queue))}
+        return named
+
+    def _sweep(self, app: str) -> None:
+        with _FORKING:
+            self._start(app)
+
+    def _start(self, app: str) -> None:
+        try:
+            ledger = import_app(app)
+        except Exception as exc:  # noqa: BLE001 - a stale name: said once, not retried
+            log.warning("not sweeping %s: it cannot be imported: %s: %s", app,
+                        type(exc).__name__, exc)
+            self.skipped.add(app)
+            return
+        if getattr(ledger, "dispatch", None) is None:
+            log.warning("not sweeping %s: it dispatches through no broker", app)
+            self.skipped.add(app)
+            return
+        self.loops[app] = start_sweeping(ledger)

@@ -1,0 +1,165 @@
+"""What a broker task does with a message (``Ledger.deliver``): claim exactly the items it
+names, run them with the worker's own code, write their outcomes fenced, and publish what that
+made claimable.
+
+The claim is :meth:`~workledger.storage.port.Store.items_claim_by_identity`: only items still
+pending and claimable (the run decomposed, not paused or cancelled, a retry due) move, under a
+lease with a fresh token, so a copy of a message, or one delivered after its items were claimed
+some other way, claims nothing and runs nothing. What the task claimed it runs as a worker runs
+a chunk (``runtime/chunk.py``: stages, retries, time limits, lease renewals, recorded starts for
+stages that are not idempotent, a suspect run alone), through a :class:`TaskHolder` in place of
+the worker. After each commit of outcomes, the rows it handed off to the next stage, the items
+it must retry (held by the broker until due) and the items it released are published
+(:class:`FollowUps`), each marked owed first (``runtime/dispatch.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from workledger.errors import UnknownJob
+from workledger.runtime.chunk import Chunk, LateResults
+from workledger.runtime.dispatch import DispatchOptions, Message, Outbox
+from workledger.runtime.executors import ThreadExecutor
+from workledger.runtime.holder import WorkerOptions, WorkReport
+from workledger.runtime.jobs import Job
+from workledger.runtime.worker import new_worker_id
+from workledger.storage.port import (
+    ClaimedItem,
+    FinishParams,
+    FinishResult,
+    IdentityClaim,
+    LeaseParams,
+    Store,
+)
+
+log = logging.getLogger("workledger.dispatch")
+
+
+class TaskHolder:
+    """The worker, as a chunk sees it, for one delivered message."""
+
+    def __init__(self, store: Store, options: WorkerOptions, worker_id: str,
+                 rng: random.Random, late: LateResults, stop: threading.Event) -> None:
+        self.store = store
+        self.options = options
+        self.report = WorkReport()
+        self.worker_id = worker_id
+        self.rng = rng
+        self.clock: Callable[[], float] = time.monotonic
+        self._late = late
+        self._stop = stop
+
+    @property
+    def late(self) -> LateResults:
+        return self._late
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
+class FollowUps:
+    """The store a delivered chunk writes through: after each write that commits outcomes or
+    releases items, the items that made claimable are published (hand-offs at once, retries
+    held until due). Every other method is the store's own."""
+
+    def __init__(self, store: Store, outbox: Outbox, job: Job,
+                 claimed: list[ClaimedItem]) -> None:
+        self._store = store
+        self._outbox = outbox
+        self._job = job
+        self._where = {c.id: (c.stage, c.seq) for c in claimed}
+        self.run_id = claimed[0].run_id
+        self.dialect = store.dialect
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
+        result = self._store.items_finish_if_leased(params)
+        applied = set(result.applied)
+        handoffs: dict[str, list[int]] = {}
+        retries: dict[str, tuple[list[int], float]] = {}
+        for f in params.finishes:
+            if f.id not in applied or f.id not in self._where:
+                continue
+            stage, seq = self._where[f.id]
+            if f.next_stage is not None:
+                handoffs.setdefault(f.next_stage, []).append(seq)
+            elif f.state == "pending":  # a retry: one message, held until the last is due
+                seqs, delay = retries.get(stage, ([], 0.0))
+                retries[stage] = ([*seqs, seq], max(delay, f.delay or 0.0))
+        for stage, seqs in handoffs.items():
+            self._outbox.send(self._store, self._job.name, self.run_id, stage, seqs)
+        for stage, (seqs, delay) in retries.items():
+            self._outbox.send(self._store, self._job.name, self.run_id, stage, seqs, delay)
+        return result
+
+    def items_release(self, params: LeaseParams) -> int:
+        released = self._store.items_release(params)
+        if released:
+            by_stage: dict[str, list[int]] = {}
+            for item_id in params.ids:
+                stage, seq = self._where[item_id]
+                by_stage.setdefault(stage, []).append(seq)
+            for stage, seqs in by_stage.items():  # only those still pending are published
+                self._outbox.send(self._store, self._job.name, self.run_id, stage, seqs)
+        return released
+
+
+class Delivery:
+    """Runs the messages a broker delivers to this process. One handler pool, one set of late
+    results and one worker id per process: a broker worker that forks its children (Celery's
+    prefork pool, RQ's work horse) gets fresh ones in each child."""
+
+    def __init__(self, jobs: Mapping[str, Job], store: Callable[[], Store], outbox: Outbox,
+                 options: DispatchOptions) -> None:
+        self.jobs = jobs
+        self._store = store
+        self.outbox = outbox
+        self.options = WorkerOptions(concurrency=options.concurrency, chunk=options.chunk,
+                                     lease=options.lease, timeout=options.timeout)
+        self._lock = threading.Lock()
+        self._pid = -1
+        self.stop = threading.Event()  # set by an adapter whose worker is shutting down
+
+    def _here(self) -> tuple[Store, ThreadExecutor, LateResults, str]:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._state = (self._store(), ThreadExecutor(self.options.concurrency,
+                                                             name="wl-task"),
+                               LateResults(), new_worker_id())
+            return self._state
+
+    def run(self, body: Any) -> WorkReport:
+        """Claim and run the items ``body`` names; what it did (nothing for a copy)."""
+        message = Message.from_body(body)
+        job = self.jobs.get(message.job)
+        if job is None:
+            raise UnknownJob(f"a message for job {message.job!r}, which {message.app} does "
+                             f"not define (defined: {', '.join(sorted(self.jobs)) or 'none'})")
+        store, executor, late, worker_id = self._here()
+        late.write(TaskHolder(store, self.options, worker_id, random.Random(), late, self.stop))
+        claimed = store.items_claim_by_identity(IdentityClaim(
+            message.run_id, message.stage, message.seqs, self.options.lease, worker_id,
+            job.full_history))
+        if not claimed:
+            log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",
+                      message.run_id, message.stage, list(message.seqs)[:5])
+            return WorkReport()
+        holder = TaskHolder(cast(Store, FollowUps(store, self.outbox, job, claimed)),
+                            self.options, worker_id, random.Random(), late, self.stop)
+        holder.report.claimed = len(claimed)
+        Chunk(holder, executor, job, claimed).process()
+        if executor.stuck > self.options.concurrency:
+            log.error("%d handlers of this process are stuck past their time limit: restart "
+                      "the broker worker", executor.stuck)
+        return holder.report
