@@ -50,7 +50,7 @@ def test_every_failpoint_has_a_crash_case() -> None:
     assert set(CASES) | set(ELSEWHERE) == set(POINTS)
     tests = Path(__file__).resolve().parents[1]
     sources = "".join(p.read_text() for p in [Path(__file__),
-                                              tests / "test_dispatch_celery.py"])
+                                              tests / "test_dispatch_brokers.py"])
     for name in ELSEWHERE.values():
         assert f"def {name}(" in sources, name
 
