@@ -174,11 +174,14 @@ class MailSink:
 
     ``reject_domains``: recipients there are refused permanently (550). ``outage(seconds)``:
     refuse every recipient with 451 for that long, from now or (``on_first_delivery=True``)
-    from the first delivery attempt that follows.
+    from the first delivery attempt that follows. ``port``: the port to listen on (0: a free
+    one, found when it starts).
     """
 
-    def __init__(self, path: str | Path, *, reject_domains: Iterable[str] = ()) -> None:
+    def __init__(self, path: str | Path, *, reject_domains: Iterable[str] = (),
+                 port: int = 0) -> None:
         self.records = SinkRecords(path)
+        self._port = port
         self.reject_domains = {d.lower() for d in reject_domains}
         self.host = HOST
         self.port = 0
@@ -220,13 +223,13 @@ class MailSink:
     def start(self) -> MailSink:
         self.records.count()  # create the file and its tables before anyone asks
         for attempt in range(20):
-            port = free_port(self.host)
+            port = self._port or free_port(self.host)
             controller = Controller(_Handler(self), hostname=self.host, port=port,
                                     server_hostname="sink.workledger.local", ready_timeout=10)
             try:
                 controller.start()
             except OSError as exc:  # another process took the port between probe and bind
-                if exc.errno != errno.EADDRINUSE or attempt == 19:
+                if exc.errno != errno.EADDRINUSE or attempt == 19 or self._port:
                     raise
                 continue
             self._controller, self.port = controller, port

@@ -126,11 +126,13 @@ class Payroll:
         return "not_done"
 
 
-def build(url: str | None = None, config: PayrollConfig | None = None) -> Ledger:
+def build(url: str | None = None, config: PayrollConfig | None = None, *,
+          dispatch: Any = None) -> Ledger:
     """A ledger at ``url`` with the ``payroll`` job defined for ``config`` (default: the
-    environment). ``deliver`` has a verify hook only when ``config.sink`` names the sink."""
+    environment). ``deliver`` has a verify hook only when ``config.sink`` names the sink.
+    ``dispatch``: a broker to run it through (``examples/celery_payroll/``)."""
     payroll = Payroll(config or PayrollConfig.from_env())
-    book = Ledger(url)
+    book = Ledger(url, dispatch=dispatch)
     job = book.job(JOB, tolerate=TOLERATE)
     job.decompose(payroll.split)
     job.stage("generate", idempotent=True, max_attempts=3)(payroll.generate)

@@ -3,6 +3,10 @@
 :func:`run_demo` starts these; ``--out``, ``--smtp`` and ``--sink`` default to the environment
 (``WORKLEDGER_PAYROLL_OUT``, ``WORKLEDGER_PAYROLL_SMTP``, ``WORKLEDGER_PAYROLL_SINK``). It works
 until the run is idle and prints its counters as one JSON line.
+
+``python -m workledger.demos.payroll sink [--employees N] [--port P]`` seeds the employee store
+in ``--out`` and runs the mail sink there until it is stopped: what a run needs when something
+else runs the workers (``examples/celery_payroll/``).
 """
 
 from __future__ import annotations
@@ -10,11 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from workledger.demos.payroll.config import PayrollConfig
+from workledger.demos.payroll.config import BOUNCE_DOMAIN, DEFAULT_PERIOD, PayrollConfig
 from workledger.demos.payroll.job import build
+from workledger.demos.payroll.store import EmployeeStore
+from workledger.demos.smtp_sink import MailSink
 
 APP = "workledger.demos.payroll.job:ledger"  # what the handler processes import
 
@@ -22,8 +30,11 @@ APP = "workledger.demos.payroll.job:ledger"  # what the handler processes import
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m workledger.demos.payroll worker --db URL --out DIR --smtp HOST:PORT``."""
     parser = argparse.ArgumentParser(prog="python -m workledger.demos.payroll")
-    parser.add_argument("command", choices=["worker"])
-    parser.add_argument("--db", required=True)
+    parser.add_argument("command", choices=["worker", "sink"])
+    parser.add_argument("--db")
+    parser.add_argument("--employees", type=int, default=2000, help="sink: employees to seed")
+    parser.add_argument("--port", type=int, default=2525, help="sink: the port to listen on")
+    parser.add_argument("--period", default=DEFAULT_PERIOD, help="sink: the pay period")
     parser.add_argument("--out", default=os.environ.get("WORKLEDGER_PAYROLL_OUT", "payslips"))
     parser.add_argument("--smtp", default=os.environ.get("WORKLEDGER_PAYROLL_SMTP",
                                                          "127.0.0.1:25"))
@@ -34,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 4),
                         help="render payslips in this many processes (1: in threads)")
     args = parser.parse_args(argv)
+    if args.command == "sink":
+        return sink(Path(args.out), args.employees, args.period, args.port)
+    if not args.db:
+        parser.error("worker needs --db")
     host, _, port = args.smtp.rpartition(":")
     config = PayrollConfig(Path(args.out), host, int(port), Path(args.sink) if args.sink else None)
     # the handler processes import the job (workledger.demos.payroll.job:ledger), which reads
@@ -46,4 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         book.close()
     print(json.dumps({k: v for k, v in vars(report).items() if isinstance(v, int)}))
+    return 0
+
+
+def sink(out: Path, employees: int, period: str, port: int) -> int:
+    """Seed the employee store in ``out`` and run the mail sink on ``port`` until stopped
+    (SIGINT, SIGTERM). Mailboxes of former staff refuse mail (550), as in the demo."""
+    out.mkdir(parents=True, exist_ok=True)
+    store = EmployeeStore(out / "employees.db")
+    store.seed(employees, period)
+    store.close()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with MailSink(out / "mail-sink.db", reject_domains=[BOUNCE_DOMAIN], port=port) as mail:
+        print(f"{employees} employees for {period} in {out / 'employees.db'}; mail sink on "
+              f"{mail.host}:{mail.port} ({out / 'mail-sink.db'})", flush=True)
+        stop.wait()
     return 0
