@@ -175,6 +175,8 @@ class Setup:
 
             conn = Redis.from_url(self.env["WL_BROKER_URL"])
             keys = [k for k in conn.scan_iter(f"*{self.queue}*")]
+            keys += [k for k in conn.scan_iter("rq:job:*")  # the jobs of this queue only
+                     if conn.type(k) == b"hash" and conn.hget(k, "origin") == self.queue.encode()]
             if keys:
                 conn.delete(*keys)
         elif self.kind == "celery-redis":

@@ -83,3 +83,23 @@ def test_a_ledger_its_workers_could_not_import_is_refused_before_anything_is_cla
     (run,) = ledger.runs()
     assert run.state == "accepted" and run.decomposed_at is None  # nothing was claimable
     ledger.close()
+
+
+def test_a_celery_worker_imports_nothing_a_message_names() -> None:
+    from workledger.contrib.celery import deliver
+
+    body = {"v": 1, "app": "a_module_nobody_imported:ledger", "job": "j", "run": 1,
+            "stage": "s", "seqs": [0]}
+    with pytest.raises(UsageError, match="has not imported"):
+        deliver(body)
+    import sys
+
+    assert "a_module_nobody_imported" not in sys.modules
+
+
+def test_a_message_must_name_a_ledger() -> None:
+    from workledger.contrib.celery import deliver
+
+    with pytest.raises(UsageError, match="not a Ledger"):
+        deliver({"v": 1, "app": "workledger.api:ITEM_STATES", "job": "j", "run": 1,
+                 "stage": "s", "seqs": [0]})

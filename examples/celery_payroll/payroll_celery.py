@@ -33,6 +33,7 @@ app = Celery("payroll_celery",
              broker=os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"))
 app.conf.broker_connection_retry_on_startup = True
 app.conf.worker_prefetch_multiplier = 1  # a message holds up to 50 payslips: take one at a time
+queue = os.environ.get("PAYROLL_QUEUE", "payroll")
+app.conf.task_default_queue = queue  # this app's workers consume its queue alone
 
-ledger = build(None, config, dispatch=CeleryDispatch(
-    app, queue=os.environ.get("PAYROLL_QUEUE", "payroll"), chunk=50, lease=30.0))
+ledger = build(None, config, dispatch=CeleryDispatch(app, queue=queue, chunk=50, lease=30.0))

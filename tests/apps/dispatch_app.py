@@ -60,6 +60,7 @@ def dispatch_from(env: dict[str, str]) -> Any:
                                "app": "dispatch_app:ledger"}
     if kind == "rq":
         from redis import Redis
+
         from workledger.contrib.rq import RQDispatch
 
         cls: Any = RQDispatch
@@ -74,6 +75,7 @@ def dispatch_from(env: dict[str, str]) -> Any:
         target.conf.broker_connection_retry_on_startup = True
         target.conf.worker_prefetch_multiplier = 1
         target.conf.worker_hijack_root_logger = False
+        target.conf.task_default_queue = queue  # never consume the shared default "celery"
         if kind == "celery-redis":
             target.conf.broker_transport_options = {"global_keyprefix": env["WL_PREFIX"]}
     if env.get("WL_TWICE") == "1":

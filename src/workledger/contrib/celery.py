@@ -22,9 +22,8 @@ from typing import Any
 
 from celery import Celery, signals
 
-from workledger.contrib._sweeping import start_sweeping
+from workledger.contrib._broker import ledger_named, start_sweeping
 from workledger.runtime.dispatch import BrokerDispatch, Message
-from workledger.runtime.processes import import_app
 from workledger.runtime.sweeper import SweepLoop
 
 log = logging.getLogger("workledger.dispatch")
@@ -37,9 +36,11 @@ RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1, "interval_step": 0.4,
 
 
 def deliver(body: Any) -> dict[str, int]:
-    """The task: run what the message names in the ledger it names (``Ledger.deliver``)."""
+    """The task: run what the message names in the ledger it names (``Ledger.deliver``).
+    Only a ledger of a module this worker has imported already (``celery -A`` imports the
+    app's modules): a message cannot make a worker import anything."""
     message = Message.from_body(body)
-    report = import_app(message.app).deliver(body)
+    report = ledger_named(message.app, imported=True).deliver(body)
     return {"claimed": report.claimed, "processed": report.processed, "failed": report.failed,
             "retried": report.retried, "stale": report.stale}
 

@@ -26,9 +26,8 @@ from typing import Any
 import rq
 from redis import ConnectionPool, Redis
 
-from workledger.contrib._sweeping import start_sweeping
+from workledger.contrib._broker import ledger_named, start_sweeping
 from workledger.runtime.dispatch import BrokerDispatch, Message
-from workledger.runtime.processes import import_app
 from workledger.runtime.sweeper import SweepLoop
 
 log = logging.getLogger("workledger.dispatch")
@@ -44,7 +43,7 @@ _FORKING = threading.Lock()
 def deliver(body: Any) -> dict[str, int]:
     """The job: run what the message names in the ledger it names (``Ledger.deliver``)."""
     message = Message.from_body(body)
-    report = import_app(message.app).deliver(body)
+    report = ledger_named(message.app).deliver(body)
     return {"claimed": report.claimed, "processed": report.processed, "failed": report.failed,
             "retried": report.retried, "stale": report.stale}
 
@@ -170,13 +169,13 @@ class _Sweepers:
 
     def _start(self, app: str) -> None:
         try:
-            ledger = import_app(app)
+            ledger = ledger_named(app)
         except Exception as exc:  # noqa: BLE001 - a stale name: said once, not retried
             log.warning("not sweeping %s: it cannot be imported: %s: %s", app,
                         type(exc).__name__, exc)
             self.skipped.add(app)
             return
-        if getattr(ledger, "dispatch", None) is None:
+        if ledger.dispatch is None:
             log.warning("not sweeping %s: it dispatches through no broker", app)
             self.skipped.add(app)
             return

@@ -338,7 +338,7 @@ class SweepLoop:
         self.scope = ",".join(sorted(sweeper.jobs))  # the sweeper lock is per set of jobs
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        self._seen: set[tuple[str, int]] = set()
+        self._seen: set[tuple[object, ...]] = set()
         self._thread = threading.Thread(target=self._run, name="wl-sweeper", daemon=True)
 
     def start(self) -> None:
@@ -378,7 +378,8 @@ class SweepLoop:
                 return False
 
     def _leader_is_stuck(self) -> bool:
-        waiting = {("lease", i.id) for i in self.store.leases_expired(10)}
+        waiting: set[tuple[object, ...]] = {("lease", i.id)
+                                            for i in self.store.leases_expired(10)}
         jobs = [j.name for j in self.sweeper.jobs.values() if j.closing is not None]
         if jobs:
             waiting |= {("close", r) for r in self.store.runs_to_close(jobs, CLOSE_STAGE)[:10]}
@@ -386,10 +387,14 @@ class SweepLoop:
             self.sweeper.grace, self.sweeper.backoff) if r.job in self.sweeper.jobs}
         waiting |= {("verify", i.id) for i in self.store.items_attention(["unknown"], 10)
                     if i.error == AWAITING_VERIFY}
+        if self.sweeper.redispatch is not None:  # with a broker: messages overdue
+            for run_id, _job in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:
+                waiting |= {("owed", run_id, stage, seq)
+                            for stage, seq in self.store.items_owed(run_id, 10)}
         stuck = bool(waiting & self._seen)
         self._seen = waiting
         if stuck:
             log.warning("the sweeping process left expired leases, closing hooks, "
-                        "decompositions or verify hooks waiting for a whole period: this one "
-                        "sweeps instead")
+                        "decompositions, verify hooks or overdue messages waiting for a whole "
+                        "period: this one sweeps instead")
         return stuck

@@ -1,4 +1,5 @@
-"""What a broker's worker process runs beside the broker's own loop: the ledger's sweeper.
+"""What both broker adapters' worker processes share: finding the ledger a message names, and
+running the ledger's sweeper beside the broker's own loop.
 
 A user starts only the broker's worker command; its processes run the ledger's periodic
 sweeper (``runtime/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 from dataclasses import asdict
 
-from workledger.api import Ledger
+from workledger.api import Ledger, import_app
+from workledger.errors import UsageError
 from workledger.runtime.patience import Patience, patient
 from workledger.runtime.sweeper import SweepLoop, SweepReport
 from workledger.runtime.worker import new_worker_id
@@ -22,6 +25,19 @@ from workledger.runtime.worker import new_worker_id
 log = logging.getLogger("workledger.dispatch")
 
 EVERY_AT_MOST = 10.0  # seconds between sweeps, as a worker's: min(lease / 2, this)
+
+
+def ledger_named(app: str, *, imported: bool = False) -> Ledger:
+    """The ledger ``module:attribute`` names. ``imported``: only from a module this process
+    imported already, so that a message cannot make a worker import anything."""
+    module = app.partition(":")[0]
+    if imported and module not in sys.modules:
+        raise UsageError(f"a message for the ledger {app}, whose module this worker has not "
+                         "imported: the app the worker starts with must import it")
+    found = import_app(app)
+    if not isinstance(found, Ledger):
+        raise UsageError(f"a message for {app}, which is a {type(found).__name__}, not a Ledger")
+    return found
 
 
 def start_sweeping(ledger: Ledger) -> SweepLoop:
