@@ -34,6 +34,8 @@ from workledger.storage.port import ClaimedItem, ClaimParams, Store
 log = logging.getLogger("workledger.worker")
 
 STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
+LIMITED_POLL = 0.1  # seconds between claims while a capped stage is full (no rate to go by)
+MIN_POLL = 0.005  # seconds: the shortest wait between claims of a rate-limited stage
 
 
 def new_worker_id() -> str:
@@ -135,6 +137,7 @@ class Worker:
         earliest retry coming due, or after the poll interval; a stop ends it at once."""
         opts = self.options
         poll = opts.idle_poll if self.store.wakes_other_processes else opts.poll
+        poll = min(poll, self._limited_poll())
         due = self._next_due()
         deadline = self.clock() + (poll if due is None else max(0.0, min(poll, due)))
         while not self._stop.is_set():
@@ -144,6 +147,19 @@ class Worker:
             if self.store.wait_for_work(min(left, STOP_CHECK)):
                 self._runs_at = -1e9  # a new run, perhaps: look for it now
                 return
+
+    def _limited_poll(self) -> float:
+        """How soon to look again when a limited stage may be what held the claim back: about
+        when its bucket holds a token again (nothing wakes a worker for that), or soon after
+        an item of a capped stage may have finished elsewhere."""
+        soonest = float("inf")
+        for _, name in self._runs:
+            for stage in self.jobs[name].stages:
+                if stage.rate is not None:
+                    soonest = min(soonest, 1.0 / stage.rate.per_second)
+                elif stage.max_in_flight is not None:
+                    soonest = min(soonest, LIMITED_POLL)
+        return max(MIN_POLL, soonest)
 
     def _next_due(self) -> float | None:
         """Seconds until the earliest backed-off retry of the active runs comes due."""
@@ -203,6 +219,14 @@ class Worker:
         return []
 
     def _claim_from(self, run_id: int, job: Job) -> list[ClaimedItem]:
+        stages, limits = job.claim_plan()
+        if stages:  # a job with limited stages: stage by stage, each bucket and cap honoured
+            chunk = self.store.items_claim(ClaimParams(
+                run_id=run_id, limit=self.options.chunk, lease_seconds=self.options.lease,
+                actor=self.worker_id, record_event=job.full_history, job=job.name,
+                stages=stages, limits=limits))
+            self.report.claimed += len(chunk)
+            return chunk
         params = ClaimParams(run_id=run_id, limit=self.options.chunk,
                              lease_seconds=self.options.lease, actor=self.worker_id,
                              record_event=job.full_history, after_id=self._cursor.get(run_id, 0))
