@@ -29,7 +29,7 @@ from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
 from workledger.runtime.execute import run_batch, run_handler, to_finish
 from workledger.runtime.executors import Executor
-from workledger.runtime.holder import Holder
+from workledger.runtime.holder import Holder, WorkReport
 from workledger.runtime.jobs import Job
 from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
 from workledger.storage.port import (
@@ -209,7 +209,8 @@ class Chunk:
             if outcome is None:
                 unstarted.append(item.id)
             elif isinstance(outcome, HolderLost):  # its process died while running it
-                self.worker.report.lost_processes += 1
+                with self.worker.count_lock:
+                    self.worker.report.lost_processes += 1
                 log.warning("run %s: item %s/%s (key %s): %s", item.run_id, item.stage,
                             item.seq, item.key, outcome.reason)
                 self.add(to_finish(self.job, item, self._vanished(item, outcome.reason),
@@ -299,7 +300,8 @@ class Chunk:
         outcome = self._vanished(item, f"timeout after {limit:g}s")
         self.add(to_finish(self.job, item, outcome, item.attempts + 1, self.worker.rng.random(),
                            charge))
-        self.worker.report.abandoned += 1
+        with self.worker.count_lock:
+            self.worker.report.abandoned += 1
         log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned, %s",
                     item.run_id, item.stage, item.seq, item.key, limit,
                     after_timeout(stage.idempotent,
@@ -316,7 +318,8 @@ class Chunk:
         if ids:
             n = self.store.items_release(LeaseParams(self.run_id, ids, self.token,
                                                      actor=self.worker.worker_id))
-            self.worker.report.released += n
+            with self.worker.count_lock:
+                self.worker.report.released += n
 
     def flush(self, start: Sequence[ClaimedItem] = ()) -> list[int]:
         """Write the outcomes gathered so far (and record the starts of ``start``, in the same
@@ -329,6 +332,8 @@ class Chunk:
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
                          start=[i.id for i in start], start_token=self.token))
         count(self.worker, self.run_id, finishes, result)
+        if result.applied and any(f.next_stage for f in finishes):
+            self.worker.nudge()  # their next stage's items are claimable: an idle lane looks
         return result.started
 
 
@@ -341,7 +346,12 @@ def after_timeout(idempotent: bool, last_attempt: bool) -> str:
 
 def count(worker: Holder, run_id: int, finishes: list[Finish], result: FinishResult) -> None:
     """Add a write's outcomes to the worker's report (and say when some were stale)."""
-    report = worker.report
+    with worker.count_lock:
+        _count(worker.report, run_id, finishes, result)
+
+
+def _count(report: WorkReport, run_id: int, finishes: list[Finish], result: FinishResult
+           ) -> None:
     report.stale += len(result.stale)
     if result.stale:
         log.warning("run %s: %d result(s) discarded as stale: their leases had been taken "
