@@ -168,7 +168,7 @@ def test_history_prints_the_traceback_below_the_events(failing: Ledger, db_url: 
 # -- the payroll demo's dependencies are an extra ------------------------------------------------
 
 
-@pytest.mark.parametrize("missing", ["reportlab", "aiosmtpd"])
+@pytest.mark.parametrize("missing", ["reportlab"])
 def test_the_payroll_demo_without_its_extra_says_how_to_install_it(
     missing: str, tmp_path: Path
 ) -> None:
