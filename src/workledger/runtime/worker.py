@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
+from workledger.core import limits
+from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.holder import WorkerOptions, WorkReport
@@ -73,6 +75,7 @@ class Worker:
         self._logged: dict[str, int] = {}
         self.late = LateResults()  # results of handlers abandoned past their time limit
         self.processes: ProcessExecutor | None = None  # with options.processes > 1
+        self.coroutines: AsyncExecutor | None = None  # for jobs with async stages
 
     # -- control ---------------------------------------------------------------------------
 
@@ -88,7 +91,11 @@ class Worker:
         opts = self.options
         self.processes = (ProcessExecutor(opts.processes, opts.app)
                           if opts.processes > 1 and opts.app else None)
-        executor = ThreadExecutor(opts.concurrency)
+        where = frozenset().union(*(j.executors(opts.processes > 1) for j in self.jobs.values()))
+        # threads only where a stage runs in them (one idle thread otherwise), and the event
+        # loop only for async stages: --concurrency 200 for async handlers starts no 200 threads
+        executor = ThreadExecutor(opts.concurrency if "thread" in where else 1)
+        self.coroutines = AsyncExecutor(opts.concurrency) if "async" in where else None
         sweeps = self._sweep_loop()
         log.info("worker %s: started%s: jobs %s; concurrency %d, chunk %d, lease %gs%s",
                  self.worker_id, f" on {self.where}" if self.where else "",
@@ -106,6 +113,8 @@ class Worker:
             if sweeps is not None:
                 sweeps.stop()
             executor.shutdown()
+            if self.coroutines is not None:
+                self.coroutines.shutdown()
             if self.processes is not None:
                 self.processes.shutdown()
         log.info("worker %s: stopped: %s", self.worker_id, _summary(self.report))
@@ -114,11 +123,12 @@ class Worker:
     def _loop(self, executor: Executor, sweeps: SweepLoop | None) -> None:
         while not self._stop.is_set():
             self.late.write(self)
-            if executor.stuck > self.options.concurrency:
+            stuck = max(executor.stuck, self.coroutines.stuck if self.coroutines else 0)
+            if stuck > self.options.concurrency:
                 self.report.stuck = True
                 log.error("worker %s: %d handlers are stuck past their time limit, more than "
-                          "its %d threads: it stops claiming and exits so that a supervisor "
-                          "restarts it", self.worker_id, executor.stuck,
+                          "its concurrency of %d: it stops claiming and exits so that a "
+                          "supervisor restarts it", self.worker_id, stuck,
                           self.options.concurrency)
                 return
             self._log_progress()
@@ -203,7 +213,7 @@ class Worker:
         return []
 
     def _claim_from(self, run_id: int, job: Job) -> list[ClaimedItem]:
-        params = ClaimParams(run_id=run_id, limit=self.options.chunk,
+        params = ClaimParams(run_id=run_id, limit=self._claim_size(job),
                              lease_seconds=self.options.lease, actor=self.worker_id,
                              record_event=job.full_history, after_id=self._cursor.get(run_id, 0))
         chunk = self.store.items_claim(params)
@@ -215,6 +225,14 @@ class Worker:
         self._cursor[run_id] = chunk[-1].id if chunk else 0
         self.report.claimed += len(chunk)
         return chunk
+
+    def _claim_size(self, job: Job) -> int:
+        """``--chunk``; for a job with async stages at least ``--concurrency``: a claim smaller
+        than the tasks that may run at once would leave the loop short of work."""
+        opts = self.options
+        if opts.concurrency > opts.chunk and "async" in job.executors(opts.processes > 1):
+            return min(opts.concurrency, limits.CHUNK_MAX)
+        return opts.chunk
 
     def _idle_for_good(self, sweeps: SweepLoop | None) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
@@ -232,7 +250,8 @@ class Worker:
     # -- processing ------------------------------------------------------------------------
 
     def _process(self, chunk: list[ClaimedItem], executor: Executor) -> None:
-        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk, self.processes).process()
+        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk, self.processes,
+              self.coroutines).process()
         self.report.chunks += 1
         if self.on_progress:
             self.on_progress(self.report)
