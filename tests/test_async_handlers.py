@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -142,6 +143,31 @@ def test_a_coroutine_that_ignores_its_cancellation_counts_as_stuck(app: Ledger,
     items = _items(app, run_id)
     assert {i.state for i in items.values()} == {"failed"}
     assert all("timeout after 0.3s" in (i.error or "") for i in items.values())
+
+
+def test_a_stopping_worker_lets_running_coroutines_finish_and_releases_the_rest(
+    app: Ledger, tmp_path: Path,
+) -> None:
+    """Stop (SIGTERM in the CLI) with coroutines in flight: those running finish and are
+    written, those waiting for a slot never start and go back to pending, none is unknown."""
+    log = tmp_path / "calls.log"
+    run_id = app.job("waits_once").submit({"n": 100, "wait": 0.5, "log": str(log)}).run_id
+    worker = app.worker(concurrency=10, chunk=100)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(_lines(log)) < 10:
+        assert time.monotonic() < deadline, "ten coroutines never started"
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    started = {line[1] for line in _lines(log)}
+    items = _items(app, run_id).values()
+    assert {i.key for i in items if i.state == "processed"} == started
+    assert Counter(i.state for i in items) == {"processed": len(started),
+                                               "pending": 100 - len(started)}
+    assert 10 <= len(started) < 100 and worker.report.released == 100 - len(started)
 
 
 def test_a_plain_handler_that_returns_a_coroutine_fails_with_a_clear_reason(
