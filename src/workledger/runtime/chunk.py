@@ -88,7 +88,8 @@ class Chunk:
                 self.release([item.id])
             else:
                 self._run_alone(item)
-        singly = recorded | set(self.limits)
+        # a limited stage's outcomes are written as they come, so a cap's slot is freed soon
+        singly = recorded | set(self.limits) | self.job.limited_stages()
         self._run_pooled([i for i in normal if i.stage not in singly])
         self._run_singly([i for i in normal if i.stage in singly], recorded)
         self.flush()

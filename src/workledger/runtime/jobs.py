@@ -13,11 +13,13 @@ from typing import Any, Protocol
 from workledger.core import limits
 from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
+from workledger.core.rates import Rate, parse_rate
 from workledger.core.retry import RetryPolicy
 from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import Unstorable, json_text
 from workledger.errors import BadInput, UsageError
 from workledger.runtime.results import Submission
+from workledger.storage.port import StageLimit
 
 
 class Submitter(Protocol):
@@ -42,6 +44,13 @@ class Stage:
     # None: where it can (its child processes with --processes N, else its threads)
     executor: str | None = None
     batch: int | None = None  # a batch handler: called with up to this many items at once
+    rate: Rate | None = None  # cluster-wide: items claimed per second at most (a token bucket)
+    burst: float = 1.0  # the bucket's size: tokens a claim may spend at once
+    max_in_flight: int | None = None  # cluster-wide: items claimed at once at most
+
+    @property
+    def limited(self) -> bool:
+        return self.rate is not None or self.max_in_flight is not None
 
     def limit(self, default: float | None) -> float | None:
         """Its time limit: its own, else the worker's default (``worker --timeout``)."""
@@ -98,6 +107,9 @@ class Job:
         timeout: float | None = None,
         executor: str | None = None,
         batch: int | None = None,
+        rate_limit: str | None = None,
+        burst: float | None = None,
+        max_in_flight: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it).
 
@@ -119,8 +131,17 @@ class Job:
         ``timeout``: seconds a handler may run. One still running then is abandoned: its item
         is settled as if its holder had vanished (idempotent: back to pending, an attempt
         charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
-        stale, and the verify hook is held to the same limit."""
+        stale, and the verify hook is held to the same limit.
+
+        ``rate_limit`` (``"50/s"``, ``"600/m"``, ``"1000/h"``) and ``max_in_flight``: limits a
+        downstream's plan sets, enforced by the ledger over every worker on every machine and
+        every run of the job. A token bucket of ``burst`` tokens (default 1) refilled at the
+        rate: in any window of one unit of the rate at most ``N + burst - 1`` items are claimed
+        (with the default burst, never more than ``N``); a larger burst lets a batch stage
+        fill its batches. ``max_in_flight``: at most that many of its items claimed at once."""
         _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
+        rate, burst = _check_limits(f"job {self.name!r}, stage {name!r}", rate_limit, burst,
+                                    max_in_flight)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
                                   or not 1 <= batch <= limits.CHUNK_MAX):
             raise UsageError(f"job {self.name!r}, stage {name!r}: batch must be a whole number "
@@ -145,7 +166,7 @@ class Job:
         def register(fn: Handler) -> Handler:
             runs_on = _executor_of(fn, executor, f"job {self.name!r}, stage {name!r}")
             self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout, runs_on,
-                                     batch))
+                                     batch, rate, burst, max_in_flight))
             self._after.clear()
             return fn
 
@@ -209,6 +230,19 @@ class Job:
         not idempotent, where a worker that dies leaves in doubt only what had started."""
         return frozenset(s.name for s in self.stages if not s.idempotent)
 
+    def claim_plan(self) -> tuple[tuple[str, ...], tuple[StageLimit, ...]]:
+        """How a worker claims this job's items: ``((), ())`` when no stage is limited (one
+        claim over every stage, in id order); else stage by stage, the last stage first (a
+        unit further along is finished first), with the limited stages' limits."""
+        limits = tuple(StageLimit(s.name, s.rate.per_second if s.rate else None, s.burst,
+                                  s.max_in_flight) for s in self.stages if s.limited)
+        if not limits:
+            return (), ()
+        return tuple(s.name for s in reversed(self.stages)), limits
+
+    def limited_stages(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.stages if s.limited)
+
     def submit(self, payload: Any, key: str | None = None) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state."""
         return self.ledger.submit(self.name, payload, key=key)
@@ -224,6 +258,26 @@ def _check_timeout(timeout: float | None, what: str) -> None:
     if timeout is not None and not (isinstance(timeout, int | float) and 0 < timeout <= 86_400
                                     and timeout == timeout):
         raise UsageError(f"{what}: timeout must be a number of seconds above 0, at most a day")
+
+
+def _check_limits(what: str, rate_limit: str | None, burst: float | None,
+                  max_in_flight: int | None) -> tuple[Rate | None, float]:
+    """The parsed rate and the bucket's size; UsageError for a limit that cannot be met."""
+    try:
+        rate = None if rate_limit is None else parse_rate(rate_limit)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    if burst is not None and (rate is None or isinstance(burst, bool)
+                              or not isinstance(burst, int | float)
+                              or not 1 <= burst <= limits.CHUNK_MAX):
+        raise UsageError(f"{what}: burst goes with a rate_limit and must be a number from 1 to "
+                         f"{limits.CHUNK_MAX:,}, not {burst!r}")
+    if max_in_flight is not None and (isinstance(max_in_flight, bool)
+                                      or not isinstance(max_in_flight, int)
+                                      or not 1 <= max_in_flight <= limits.ID_MAX):
+        raise UsageError(f"{what}: max_in_flight must be a whole number of at least 1, not "
+                         f"{max_in_flight!r}")
+    return rate, float(burst or 1)
 
 
 def _is_async(fn: Any) -> bool:

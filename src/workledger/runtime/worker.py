@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
-from workledger.core import limits
+from workledger.core.limits import CHUNK_MAX
 from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
@@ -36,6 +36,8 @@ from workledger.storage.port import ClaimedItem, ClaimParams, Store
 log = logging.getLogger("workledger.worker")
 
 STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
+LIMITED_POLL = 0.1  # seconds between claims while a capped stage is full (no rate to go by)
+MIN_POLL = 0.005  # seconds: the shortest wait between claims of a rate-limited stage
 
 
 def new_worker_id() -> str:
@@ -145,6 +147,7 @@ class Worker:
         earliest retry coming due, or after the poll interval; a stop ends it at once."""
         opts = self.options
         poll = opts.idle_poll if self.store.wakes_other_processes else opts.poll
+        poll = min(poll, self._limited_poll())
         due = self._next_due()
         deadline = self.clock() + (poll if due is None else max(0.0, min(poll, due)))
         while not self._stop.is_set():
@@ -154,6 +157,19 @@ class Worker:
             if self.store.wait_for_work(min(left, STOP_CHECK)):
                 self._runs_at = -1e9  # a new run, perhaps: look for it now
                 return
+
+    def _limited_poll(self) -> float:
+        """How soon to look again when a limited stage may be what held the claim back: about
+        when its bucket holds a token again (nothing wakes a worker for that), or soon after
+        an item of a capped stage may have finished elsewhere."""
+        soonest = float("inf")
+        for _, name in self._runs:
+            for stage in self.jobs[name].stages:
+                if stage.rate is not None:
+                    soonest = min(soonest, 1.0 / stage.rate.per_second)
+                elif stage.max_in_flight is not None:
+                    soonest = min(soonest, LIMITED_POLL)
+        return max(MIN_POLL, soonest)
 
     def _next_due(self) -> float | None:
         """Seconds until the earliest backed-off retry of the active runs comes due."""
@@ -213,6 +229,14 @@ class Worker:
         return []
 
     def _claim_from(self, run_id: int, job: Job) -> list[ClaimedItem]:
+        stages, limits = job.claim_plan()
+        if stages:  # a job with limited stages: stage by stage, each bucket and cap honoured
+            chunk = self.store.items_claim(ClaimParams(
+                run_id=run_id, limit=self._claim_size(job), lease_seconds=self.options.lease,
+                actor=self.worker_id, record_event=job.full_history, job=job.name,
+                stages=stages, limits=limits))
+            self.report.claimed += len(chunk)
+            return chunk
         params = ClaimParams(run_id=run_id, limit=self._claim_size(job),
                              lease_seconds=self.options.lease, actor=self.worker_id,
                              record_event=job.full_history, after_id=self._cursor.get(run_id, 0))
@@ -231,7 +255,7 @@ class Worker:
         than the tasks that may run at once would leave the loop short of work."""
         opts = self.options
         if opts.concurrency > opts.chunk and "async" in job.executors(opts.processes > 1):
-            return min(opts.concurrency, limits.CHUNK_MAX)
+            return min(opts.concurrency, CHUNK_MAX)
         return opts.chunk
 
     def _idle_for_good(self, sweeps: SweepLoop | None) -> bool:

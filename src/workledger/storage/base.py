@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
+from workledger.core import rates
 from workledger.core.states import AWAITING_VERIFY
 from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
 from workledger.errors import UnknownRun
@@ -38,6 +39,7 @@ from workledger.storage.port import (
     Reconciled,
     RunRow,
     SettleParams,
+    StageLimit,
 )
 from workledger.storage.queries import migrations
 
@@ -252,22 +254,68 @@ class LedgerStore(Overview[C]):
 
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
         with self._tx() as conn:
-            rows = self._tuples(conn, self.Q["items_claim"], {
-                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "after_id": params.after_id, "limit": params.limit,
-                "closing": params.closing,
-                **self._lease_token(conn)})
+            if params.stages:
+                rows = self._claim_by_stage(conn, params)
+            else:
+                rows = self._tuples(conn, self.Q["items_claim"], {
+                    "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                    "after_id": params.after_id, "limit": params.limit,
+                    "closing": params.closing,
+                    **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed:
                 self._lease_token_taken(conn)
             if params.record_event and claimed:
-                self._many(conn, self.Q["events_add"],
-                           common.claim_events(claimed, params.actor))
+                # a limited claim's events carry the time its buckets were spent
+                events = self.Q["events_add_now"] if params.stages else self.Q["events_add"]
+                self._many(conn, events, common.claim_events(claimed, params.actor))
             if claimed:
                 self._count(conn, params.run_id, common.Tally.moves(
                     map(itemgetter(2), rows), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
+
+    def _claim_by_stage(self, conn: C, params: ClaimParams) -> list[Any]:
+        """A limited job's claim: the buckets of its limited stages locked first (in stage
+        order: every claimer takes them in the same order), then each stage's rows in turn,
+        a limited stage no further than its bucket and cap allow, all under one token."""
+        allowed = {limit.stage: self._limit_allows(conn, params.job, limit, params.limit)
+                   for limit in sorted(params.limits, key=attrgetter("stage"))}
+        token: dict[str, Any] = {"token": None, **self._lease_token(conn)}
+        rows: list[Any] = []
+        for stage in params.stages:
+            want = min(params.limit - len(rows), allowed.get(stage, (0.0, params.limit))[1])
+            if want <= 0:
+                continue
+            got = self._tuples(conn, self.Q["items_claim_stage"], {
+                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                "stage": stage, "limit": want, **token})
+            if got and token["token"] is None:
+                token["token"] = got[0][7]  # the token the first statement took
+            rows += got
+        for limit in params.limits:
+            spent = sum(1 for r in rows if r[2] == limit.stage)
+            if spent and limit.rate is not None:
+                conn.execute(self.Q["limit_spend"], {
+                    **common.limit_params(params.job, limit),
+                    "tokens": allowed[limit.stage][0] - spent})
+        return rows
+
+    def _limit_allows(self, conn: C, job: str, limit: StageLimit, want: int
+                      ) -> tuple[float, int]:
+        """Lock the stage's bucket (made full on first use) and say (its tokens now, how many
+        items this claim may take of the stage)."""
+        args = common.limit_params(job, limit)
+        row = conn.execute(self.Q["limit_lock"], args).fetchone()
+        if row is None:
+            conn.execute(self.Q["limit_create"], args)
+            row = conn.execute(self.Q["limit_lock"], args).fetchone()
+        tokens = rates.tokens_now(float(row["tokens"]), float(row["elapsed"]), limit.rate,
+                                  limit.burst) if limit.rate is not None else float(want)
+        in_flight = 0
+        if limit.max_in_flight is not None:
+            in_flight = int(self._first(self._tuples(conn, self.Q["limit_in_flight"], args))[0])
+        return tokens, rates.allowance(tokens, in_flight, limit.max_in_flight, want)
 
     def items_mark_started(self, params: LeaseParams, charge: int = 1) -> list[int]:
         with self._tx() as conn:

@@ -25,6 +25,7 @@ from workledger.storage.port import (
     RunRow,
     Settle,
     SettleParams,
+    StageLimit,
 )
 
 failpoint = failpoints.hit
@@ -296,6 +297,12 @@ def claimed_items(rows: Sequence[Any], decode: bool) -> list[ClaimedItem]:
         items = list(map(make, rows))
     items.sort(key=itemgetter(0))
     return items
+
+
+def limit_params(job: str, limit: StageLimit) -> dict[str, Any]:
+    """The parameters naming a limited stage's bucket and what is declared for it."""
+    return {"job": job, "stage": limit.stage, "rate": limit.rate, "burst": limit.burst,
+            "max_in_flight": limit.max_in_flight}
 
 
 def claim_events(items: Iterable[ClaimedItem], actor: str) -> list[dict[str, Any]]:

@@ -61,6 +61,18 @@ class ItemsInsert:
 
 
 @dataclass(frozen=True)
+class StageLimit:
+    """A stage's cluster-wide limits (``@job.stage(rate_limit=..., max_in_flight=...)``): a
+    token bucket of ``burst`` tokens refilled at ``rate`` a second (None: no rate), and at most
+    ``max_in_flight`` of its items claimed at once (None: no cap), over every run of the job."""
+
+    stage: str
+    rate: float | None
+    burst: float
+    max_in_flight: int | None
+
+
+@dataclass(frozen=True)
 class ClaimParams:
     run_id: int
     limit: int
@@ -69,6 +81,12 @@ class ClaimParams:
     actor: str = "worker"
     record_event: bool = False  # write a 'claimed' event per item (full history jobs)
     closing: bool = False  # claim the run's closing entry ('@close', the sweeper), never others
+    # A job with limited stages is claimed stage by stage, in this order (each through the
+    # stage's own index, so a claim stays O(chunk)), each limited stage no further than its
+    # bucket and cap allow; empty: the one claim over every stage, in id order.
+    job: str = ""
+    stages: tuple[str, ...] = ()
+    limits: tuple[StageLimit, ...] = ()
 
 
 class ClaimedItem(NamedTuple):

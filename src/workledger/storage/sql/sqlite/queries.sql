@@ -152,6 +152,60 @@ WHERE id IN (
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 
+-- name: items_claim_stage
+-- moves: pending -> claimed
+-- A limited job's claim, one stage at a time (ClaimParams.stages), each through
+-- wl_items_stage_claimable so that it stays O(limit) however the stages' rows interleave. The
+-- statements of one claim share the token read by lease_token_peek.
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    lease_token = :token,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY wl_items_stage_claimable
+    WHERE run_id = :run_id AND stage = :stage AND state = 'pending'
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    ORDER BY id LIMIT :limit)
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: limit_lock
+-- A limited stage's bucket, read in the claim transaction (BEGIN IMMEDIATE: one claimer at a
+-- time), with the database's clock.
+SELECT tokens, (julianday('now') - julianday(refreshed_at)) * 86400.0 AS elapsed
+FROM wl_stage_limits WHERE job = :job AND stage = :stage;
+
+-- name: limit_create
+-- The first claim of a limited stage makes its bucket, full.
+INSERT INTO wl_stage_limits (job, stage, tokens, rate, burst, max_in_flight)
+VALUES (:job, :stage, :burst, :rate, :burst, :max_in_flight)
+ON CONFLICT (job, stage) DO NOTHING;
+
+-- name: limit_spend
+-- What is left of the bucket after a claim that took items; a claim that took none writes
+-- nothing, so waiting for a token costs the disk nothing. refreshed_at is read now, after the
+-- claim: refill is counted from later than the tokens were, never from earlier.
+UPDATE wl_stage_limits SET tokens = :tokens,
+    refreshed_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    rate = :rate, burst = :burst, max_in_flight = :max_in_flight
+WHERE job = :job AND stage = :stage;
+
+-- name: limit_in_flight
+-- The stage's claimed items over the job's open runs (a complete run holds none): what a cap
+-- counts.
+SELECT COALESCE(sum(c.n), 0) FROM wl_stage_counts AS c
+WHERE c.stage = :stage AND c.state = 'claimed'
+  AND c.run_id IN (SELECT r.id FROM wl_runs AS r INDEXED BY wl_runs_open
+                   WHERE r.job = :job AND r.completed_at IS NULL);
+
+-- name: events_add_now
+-- events_add, the same as it on SQLite (one writer: the statement's time is the claim's).
+INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
+VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
 -- idempotent, see migration 0004); an item run alone after its holder vanished is also
