@@ -63,8 +63,8 @@ class AsyncExecutor(TaskBook):
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn()`` on the loop when a slot is free and await what it returns (an
         awaitable: the one difference from a thread executor's task); the future holds its
-        value, or what it raised. It counts as running once it is started,
-        and cannot be cancelled after that."""
+        value, or what it raised. Once started it runs (``Future.cancel`` fails), as a
+        thread's task does."""
         future: Future[Any] = Future()
         task = _Task(future, fn)
         self._track(task)
