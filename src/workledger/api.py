@@ -243,7 +243,8 @@ class Ledger:
         processes: int = 1,
         app: str | None = None,
     ) -> Worker:
-        """A worker for the loaded jobs (or ``jobs``). ``timeout``: a handler's time limit
+        """A worker for the loaded jobs (or ``jobs``). ``concurrency``: handlers that run at
+        once (threads, or coroutines for async stages). ``timeout``: a handler's time limit
         where its stage sets none. ``db_retry_for``: seconds of continuous database outage it
         waits out before it gives up (``OutageTooLong``). ``processes``: run handlers in that
         many child processes (more than 1), each importing ``app`` (``module:attribute``

@@ -27,7 +27,8 @@ from operator import itemgetter
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
-from workledger.runtime.execute import run_batch, run_handler, to_finish
+from workledger.runtime.async_executor import AsyncExecutor
+from workledger.runtime.execute import run_batch, run_handler, run_unit_async, to_finish
 from workledger.runtime.executors import Executor
 from workledger.runtime.holder import Holder, WorkReport
 from workledger.runtime.jobs import Job
@@ -59,11 +60,13 @@ class Chunk:
     """The outcomes of one claimed chunk waiting to be written, and the leases still held."""
 
     def __init__(self, worker: Holder, executor: Executor, job: Job,
-                 items: list[ClaimedItem], processes: ProcessExecutor | None = None) -> None:
+                 items: list[ClaimedItem], processes: ProcessExecutor | None = None,
+                 coroutines: AsyncExecutor | None = None) -> None:
         self.worker = worker
         self.store: Store = worker.store
         self.executor = executor  # threads of this process
         self.processes = processes  # child processes, with `worker --processes N`
+        self.coroutines = coroutines  # the event loop, for async handlers
         self.job = job
         self.items = items
         self.run_id = items[0].run_id
@@ -109,11 +112,12 @@ class Chunk:
         # Handlers run in small slices, not one task per item: a task costs more than a no-op
         # handler, and a slice still leaves the other threads busy.
         tasks: Tasks = {}
-        for executor in (self.executor, self.processes):
+        for executor in (self.executor, self.processes, self.coroutines):
             mine = [i for i in items if executor is not None and self.executor_for(i) is executor]
             if executor is None or not mine:
                 continue
-            size = max(1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
+            size = 1 if executor is self.coroutines else max(  # a coroutine is cheap
+                1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
             tasks.update({self._submit(unit): unit for unit in self._units(mine, size)})
         self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
 
@@ -158,9 +162,14 @@ class Chunk:
         self.wait(running, lambda f, _: self._collect(f.result(), 1), after=feed)
 
     def executor_for(self, item: ClaimedItem) -> Executor:
-        """The child processes, if the worker has them and the stage does not ask for threads;
-        else this process's threads."""
-        if self.processes is None or self.job.stage_named(item.stage).executor == "thread":
+        """The event loop for an async stage; the child processes, if the worker has them and
+        the stage does not ask for threads; else this process's threads."""
+        where = self.job.stage_named(item.stage).executor
+        if where == "async":
+            if self.coroutines is None:  # the worker starts its loop for a job that has them
+                raise RuntimeError(f"stage {item.stage!r} is async and this chunk has no loop")
+            return self.coroutines
+        if self.processes is None or where == "thread":
             return self.executor
         return self.processes
 
@@ -181,6 +190,9 @@ class Chunk:
         executor = self.executor_for(items[0])
         if isinstance(executor, ProcessExecutor):
             return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id))
+        if self.coroutines is not None and executor is self.coroutines:
+            return self.coroutines.submit(lambda: run_unit_async(
+                self.job, items, self.worker.worker_id, lambda: self.worker.stopping))
         return executor.submit(lambda: self._run_slice(items))
 
     def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Iterable
@@ -38,7 +40,9 @@ class Stage:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     verify: Verify | None = None
     timeout: float | None = None  # seconds a handler (and the verify hook) may run
-    executor: str | None = None  # "thread" keeps it in the worker's threads; None: where it can
+    # "thread": the worker's threads; "async": its event loop (an async def handler);
+    # None: where it can (its child processes with --processes N, else its threads)
+    executor: str | None = None
     batch: int | None = None  # a batch handler: called with up to this many items at once
     rate: Rate | None = None  # cluster-wide: items claimed per second at most (a token bucket)
     burst: float = 1.0  # the bucket's size: tokens a claim may spend at once
@@ -80,8 +84,13 @@ class Job:
         self.on_complete_fn: Callable[[Any], Any] | None = None
 
     def decompose(self, fn: Decomposer) -> Decomposer:
-        """Register the function that turns a payload into items (it may yield millions)."""
-        _refuse_async(fn, f"job {self.name!r}: the decomposer")
+        """Register the function that turns a payload into items (it may yield millions).
+        A plain function or generator, never ``async def``: it runs inside ``submit``, which
+        may be called from any thread, an event loop's too."""
+        if _is_async(fn):
+            raise UsageError(f"job {self.name!r}: the decomposer is an async function; a "
+                             "decomposer runs inside submit and must be a plain function or "
+                             "generator that yields Item(...)")
         self.decomposer = fn
         return fn
 
@@ -107,7 +116,11 @@ class Job:
         ``executor``: where its handlers run best. ``"process"`` (the default when the worker
         has ``--processes N``): in the worker's child processes, for CPU-bound work;
         ``"thread"``: in the worker's own threads, for I/O-bound work or a handler that needs
-        the worker's memory.
+        the worker's memory; ``"async"`` (the default, and the only choice, for an ``async
+        def`` handler): on the worker's event loop, up to ``--concurrency`` coroutines at
+        once, in the worker process whatever ``--processes`` says. A time limit cancels an
+        async handler (it sees ``CancelledError``). A verify hook may be ``async def`` too: it
+        runs on an event loop of its own in the sweeper, as a plain hook would in its thread.
 
         ``batch``: the handler is called with a list of up to that many items of one run and
         one :class:`~workledger.BatchContext`, and returns a list of the same length whose
@@ -133,9 +146,9 @@ class Job:
                                   or not 1 <= batch <= limits.CHUNK_MAX):
             raise UsageError(f"job {self.name!r}, stage {name!r}: batch must be a whole number "
                              f"from 1 to {limits.CHUNK_MAX:,}, not {batch!r}")
-        if executor not in (None, "thread", "process"):
-            raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread' or "
-                             f"'process', not {executor!r}")
+        if executor not in (None, "thread", "process", "async"):
+            raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread', "
+                             f"'process' or 'async', not {executor!r}")
         problem = text_problem("stage name", name, NAME_BYTES)
         if problem is not None:
             raise UsageError(f"job {self.name!r}: {problem}")
@@ -148,13 +161,12 @@ class Job:
             raise UsageError(f"stage {name!r} must be declared right after stage {after!r}")
         policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay)
         if verify is not None:
-            _refuse_async(verify, f"job {self.name!r}, stage {name!r}: the verify hook")
+            verify = _plain(verify, f"job {self.name!r}, stage {name!r}: the verify hook")
 
         def register(fn: Handler) -> Handler:
-            _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
-            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout,
-                                     None if executor == "process" else executor, batch,
-                                     rate, burst, max_in_flight))
+            runs_on = _executor_of(fn, executor, f"job {self.name!r}, stage {name!r}")
+            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout, runs_on,
+                                     batch, rate, burst, max_in_flight))
             self._after.clear()
             return fn
 
@@ -167,12 +179,12 @@ class Job:
         """Register the closing hook, called once with the run's ``RunStatus`` when every unit
         is terminal. It is a ledger entry of its own: retried like an item when it raises, and
         re-run if its process dies inside it, so it should be idempotent. ``timeout``: seconds
-        it may run before that attempt counts as failed (and is retried)."""
+        it may run before that attempt counts as failed (and is retried). It may be ``async
+        def``: each call runs on an event loop of its own in the sweeper."""
         _check_timeout(timeout, f"job {self.name!r}, the closing hook")
 
         def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
-            _refuse_async(hook, f"job {self.name!r}: the closing hook")
-            self.on_complete_fn = hook
+            self.on_complete_fn = _plain(hook, f"job {self.name!r}: the closing hook")
             policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
             self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None, timeout)
             return hook
@@ -206,6 +218,12 @@ class Job:
         """The stages whose handlers have a time limit, with it."""
         limits = {s.name: s.limit(default) for s in self.stages}
         return {name: t for name, t in limits.items() if t is not None}
+
+    def executors(self, processes: bool) -> frozenset[str]:
+        """Where its handlers run (``"thread"``, ``"process"``, ``"async"``) in a worker with
+        handler processes or without: what the worker starts for it."""
+        return frozenset(s.executor or ("process" if processes else "thread")
+                         for s in self.stages)
 
     def recorded_stages(self) -> frozenset[str]:
         """The stages whose starts a worker records before their handlers run: those that are
@@ -262,15 +280,44 @@ def _check_limits(what: str, rate_limit: str | None, burst: float | None,
     return rate, float(burst or 1)
 
 
-def _refuse_async(fn: Any, what: str) -> None:
-    """An ``async def`` function would return an unawaited coroutine for every item: refuse it
-    where it is declared, not when each item fails."""
-    call = inspect.getattr_static(type(fn), "__call__", None)  # an object with async __call__
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call) \
-            or inspect.isasyncgenfunction(fn):
-        raise UsageError(f"{what} is an async function; workledger runs plain functions only "
-                         "(async handlers are not supported yet): wrap it, e.g. "
-                         "lambda item, ctx: asyncio.run(handler(item, ctx))")
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _executor_of(fn: Any, asked: str | None, what: str) -> str | None:
+    """Where a handler runs: ``"async"`` for an ``async def`` one, else what was asked
+    (``"process"`` is None: it is where a handler runs when the worker has processes)."""
+    if inspect.isasyncgenfunction(fn):
+        raise UsageError(f"{what}: the handler is an async generator; a handler returns one "
+                         "result (or raises): make it an async def that returns")
+    if _is_async(fn):
+        if asked not in (None, "async"):
+            raise UsageError(f"{what}: the handler is an async function, which runs on the "
+                             f"worker's event loop (executor='async'), not executor={asked!r}")
+        return "async"
+    if asked == "async":
+        raise UsageError(f"{what}: executor='async' needs an async def handler, and "
+                         f"{getattr(fn, '__name__', type(fn).__name__)} is a plain function")
+    return None if asked == "process" else asked
+
+
+def _plain(hook: Any, what: str) -> Any:
+    """A hook the sweeper can call as a plain function: an ``async def`` one runs to its end
+    on an event loop of its own at each call (``asyncio.run``), in the sweeper's thread (or
+    the thread that holds it to its time limit), never on the worker's loop."""
+    if inspect.isasyncgenfunction(hook):
+        raise UsageError(f"{what} is an async generator; a hook returns its answer: make it "
+                         "an async def that returns")
+    if not _is_async(hook):
+        return hook
+
+    @functools.wraps(hook)
+    def run(*args: Any) -> Any:
+        return asyncio.run(hook(*args))
+
+    return run
 
 
 def _unbound_closing(item: Any, ctx: Any) -> Any:

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
+from workledger.core.limits import CHUNK_MAX
+from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.holder import WorkerOptions, WorkReport
@@ -79,6 +81,7 @@ class Worker:
         self._logged: dict[str, int] = {}
         self.late = LateResults()  # results of handlers abandoned past their time limit
         self.processes: ProcessExecutor | None = None  # with options.processes > 1
+        self.coroutines: AsyncExecutor | None = None  # for jobs with async stages
 
     # -- control ---------------------------------------------------------------------------
 
@@ -94,7 +97,11 @@ class Worker:
         opts = self.options
         self.processes = (ProcessExecutor(opts.processes, opts.app)
                           if opts.processes > 1 and opts.app else None)
-        self.threads = ThreadExecutor(opts.concurrency)
+        where = frozenset().union(*(j.executors(opts.processes > 1) for j in self.jobs.values()))
+        # threads only where a stage runs in them (one idle thread otherwise), and the event
+        # loop only for async stages: --concurrency 200 for async handlers starts no 200 threads
+        self.threads = ThreadExecutor(opts.concurrency if "thread" in where else 1)
+        self.coroutines = AsyncExecutor(opts.concurrency) if "async" in where else None
         lanes = self.lanes = self._lanes()
         sweeps = self._sweep_loop()
         log.info("worker %s: started%s: jobs %s; concurrency %d, chunk %d, lease %gs%s",
@@ -123,6 +130,8 @@ class Worker:
             if sweeps is not None:
                 sweeps.stop()
             self.threads.shutdown()
+            if self.coroutines is not None:
+                self.coroutines.shutdown()
             if self.processes is not None:
                 self.processes.shutdown()
         for lane in lanes:
@@ -133,31 +142,32 @@ class Worker:
     def _lanes(self) -> list[Lane]:
         """One lane per kind of executor the stages run in (runtime/lanes.py); the handler
         processes' lane keeps two chunks in flight."""
+        places: dict[str, Executor | None] = {
+            "process": self.processes, "async": self.coroutines, "thread": self.threads}
         kinds: dict[str, set[tuple[str, str]]] = {}
         for job in self.jobs.values():
             for stage in job.stages:
-                in_threads = self.processes is None or stage.executor == "thread"
-                kinds.setdefault("threads" if in_threads else "processes",
-                                 set()).add((job.name, stage.name))
+                kind = stage.executor or ("process" if self.processes else "thread")
+                kinds.setdefault(kind, set()).add((job.name, stage.name))
         lanes = []
-        for kind, stages in sorted(kinds.items(), reverse=True):  # processes first
-            executor: Executor = (self.threads if kind == "threads" or self.processes is None
-                                  else self.processes)
-            lanes.append(Lane(kind, executor, frozenset(stages) if len(kinds) > 1 else None,
-                              depth=2 if kind == "processes" else 1))
-        return lanes or [Lane("threads", self.threads)]
+        for kind in (k for k in ("process", "async", "thread") if k in kinds):
+            executor = places[kind] or self.threads
+            lanes.append(Lane(kind, executor, frozenset(kinds[kind]) if len(kinds) > 1 else None,
+                              depth=2 if kind == "process" else 1))
+        return lanes or [Lane("thread", self.threads)]
 
     def nudge(self) -> None:
         """Work may be claimable (a chunk handed items on, a chunk ended): idle lanes look."""
         self._nudge()
 
     def _stuck(self) -> bool:
-        if self.threads.stuck <= self.options.concurrency:
+        stuck = max(self.threads.stuck, self.coroutines.stuck if self.coroutines else 0)
+        if stuck <= self.options.concurrency:
             return False
         self.report.stuck = True
-        log.error("worker %s: %d handlers are stuck past their time limit, more than its %d "
-                  "threads: it stops claiming and exits so that a supervisor restarts it",
-                  self.worker_id, self.threads.stuck, self.options.concurrency)
+        log.error("worker %s: %d handlers are stuck past their time limit, more than its "
+                  "concurrency of %d: it stops claiming and exits so that a supervisor "
+                  "restarts it", self.worker_id, stuck, self.options.concurrency)
         return True
 
     def _loop(self, lane: Lane, sweeps: SweepLoop | None) -> None:
@@ -306,12 +316,12 @@ class Worker:
                 return []
         if stages:  # a job with limited stages: stage by stage, each bucket and cap honoured
             chunk = self.store.items_claim(ClaimParams(
-                run_id=run_id, limit=self.options.chunk, lease_seconds=self.options.lease,
+                run_id=run_id, limit=self._claim_size(job), lease_seconds=self.options.lease,
                 actor=self.worker_id, record_event=job.full_history, job=job.name,
                 stages=stages, limits=limits))
             self._counted("claimed", len(chunk))
             return chunk
-        params = ClaimParams(run_id=run_id, limit=self.options.chunk,
+        params = ClaimParams(run_id=run_id, limit=self._claim_size(job),
                              lease_seconds=self.options.lease, actor=self.worker_id,
                              record_event=job.full_history, after_id=lane.cursor.get(run_id, 0))
         chunk = self.store.items_claim(params)
@@ -327,6 +337,14 @@ class Worker:
     def _counted(self, what: str, n: int) -> None:
         with self.count_lock:
             setattr(self.report, what, getattr(self.report, what) + n)
+
+    def _claim_size(self, job: Job) -> int:
+        """``--chunk``; for a job with async stages at least ``--concurrency``: a claim smaller
+        than the tasks that may run at once would leave the loop short of work."""
+        opts = self.options
+        if opts.concurrency > opts.chunk and "async" in job.executors(opts.processes > 1):
+            return min(opts.concurrency, CHUNK_MAX)
+        return opts.chunk
 
     def _idle_for_good(self, sweeps: SweepLoop | None) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
@@ -344,8 +362,8 @@ class Worker:
     # -- processing ------------------------------------------------------------------------
 
     def _process(self, chunk: list[ClaimedItem]) -> None:
-        Chunk(self, self.threads, self._job_of(chunk[0].run_id), chunk,
-              self.processes).process()
+        Chunk(self, self.threads, self._job_of(chunk[0].run_id), chunk, self.processes,
+              self.coroutines).process()
         self._counted("chunks", 1)
         if self.on_progress:
             self.on_progress(self.report)
