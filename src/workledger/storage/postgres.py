@@ -28,6 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workledger.core.text import read_json
 from workledger.errors import Contention, DatabaseUnavailable, StorageError, UsageError
+from workledger.storage import common
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.port import ItemsInsert
@@ -260,7 +261,7 @@ class PostgresStore(LedgerStore[Conn]):
     def _foreign_tx(self, conn: Any) -> Iterator[Connection]:
         if not isinstance(conn, psycopg.Connection):
             raise UsageError("this ledger is PostgreSQL: pass a psycopg (3) connection to its "
-                             f"database, not a {type(conn).__name__}")
+                             f"database, not a {common.kind_of(conn)}")
         _check_open_transaction(conn)
         theirs = _DictRows(conn)
         try:

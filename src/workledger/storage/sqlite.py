@@ -166,7 +166,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     def _foreign_tx(self, conn: Any) -> Iterator[Connection]:
         if not isinstance(conn, sqlite3.Connection):
             raise UsageError(f"this ledger is the SQLite file {self.path}: pass a sqlite3 "
-                             f"connection to it, not a {type(conn).__name__}")
+                             f"connection to it, not a {common.kind_of(conn)}")
         theirs = _Rows(conn)
         try:
             self._check_same_ledger(theirs)
