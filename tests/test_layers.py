@@ -146,6 +146,21 @@ def test_the_demos_use_the_public_api_only() -> None:
             assert private == set(), name
 
 
+INTEGRATED = {"django", "celery", "rq", "kombu", "redis"}  # optional packages: extras
+
+
+def test_integrations_live_in_contrib_and_nothing_outside_imports_them() -> None:
+    """The core and the facade never import an optional package (``workledger[django]``...):
+    only ``workledger.contrib.<name>`` does, and only a user imports contrib."""
+    assert "workledger.contrib.django" in modules()
+    for name in modules():
+        if name.startswith("workledger.contrib"):
+            continue
+        assert {i for i in imports_of(name) if i.split(".")[0] in INTEGRATED} == set(), name
+        assert {i for i in internal_imports(name) if i.startswith("workledger.contrib")} \
+            == set(), name
+
+
 def test_the_reading_of_imports_sees_what_these_rules_need() -> None:
     """The rules above are only as good as this reading: check it on known facts."""
     assert "workledger.api" in internal_imports("workledger.cli.work")

@@ -36,6 +36,7 @@ PUBLIC_COLUMNS = {
         "failed",
         "skipped",
         "tolerate",
+        "deferred_at",
     },
     "wl_items": {
         "id",

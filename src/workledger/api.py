@@ -175,23 +175,34 @@ class Ledger:
             known = ", ".join(sorted(self.jobs)) or "none"
             raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
 
-    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission:
+    def submit(self, job_name: str, payload: Any, key: str | None = None,
+               conn: Any = None) -> Submission:
         """Record a run, decompose it, and return its real state.
 
         A key that exists already returns that run (``created=False``) and its real state;
         the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
+
+        ``conn``: the caller's open connection to this ledger's database (a psycopg 3
+        connection on PostgreSQL, a ``sqlite3.Connection`` to the same file on SQLite). The
+        run is then recorded in the caller's transaction, uncommitted: it exists if and only
+        if the caller commits, and is decomposed after the commit by a worker or the sweeper
+        (its state here is ``accepted``)::
+
+            with psycopg.connect(url) as conn:          # doctest: +SKIP
+                conn.execute("INSERT INTO orders ...")
+                ledger.submit("fulfil", {"order": 7}, key="order-7", conn=conn)
+            # committed: the order and its run, or neither
         """
         job = self.job_named(job_name)
         job.check_ready()
         inputs.check_key(key)
         text = canonical_json(payload)
-        run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text,
-                                                     float(job.tolerate)))
+        new = NewRun(job.name, key or default_key(text), text, float(job.tolerate))
+        if conn is not None:
+            return self._submit_in(conn, job, new)
+        run, created = self.store.run_submit(new)
         if not created:
-            if canonical_json(run.payload) != text:
-                raise PayloadMismatch(
-                    f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
-                    " with a different payload; nothing was written", run.id)
+            self._same_payload(job, run, text)
             if run.decomposed_at is None and run.error is None and run.cancelled_at is None:
                 # its decomposition was cut short (a crash, a full disk): carry it on now, as
                 # the sweeper would; rows already written are not written twice
@@ -202,6 +213,23 @@ class Ledger:
                                   resumed=True)
             return Submission(run.id, False, self._status_of(run))
         return Submission(run.id, True, self._status_of(self._decompose(job, run)))
+
+    def _submit_in(self, conn: Any, job: Job, new: NewRun) -> Submission:
+        """Only the run row and its event, in the caller's transaction; the ledger's schema is
+        migrated through this ledger's own store first (``self.store``), never in there."""
+        run, created = self.store.run_submit_in(conn, new)
+        if not created:
+            self._same_payload(job, run, new.payload)
+        # its real state through the ledger's own store: a run of this transaction, which
+        # it cannot see yet, has no item: accepted
+        return Submission(run.id, created, self._status_of(run))
+
+    @staticmethod
+    def _same_payload(job: Job, run: RunRow, text: str) -> None:
+        if canonical_json(run.payload) != text:
+            raise PayloadMismatch(
+                f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
+                " with a different payload; nothing was written", run.id)
 
     def _decompose(self, job: Job, run: RunRow, resume: bool = False) -> RunRow:
         try:

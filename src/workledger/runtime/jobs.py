@@ -25,7 +25,8 @@ from workledger.storage.port import StageLimit
 class Submitter(Protocol):
     """What a job submits through: the :class:`workledger.Ledger` that defined it."""
 
-    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission: ...
+    def submit(self, job_name: str, payload: Any, key: str | None = None,
+               conn: Any = None) -> Submission: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -243,9 +244,11 @@ class Job:
     def limited_stages(self) -> frozenset[str]:
         return frozenset(s.name for s in self.stages if s.limited)
 
-    def submit(self, payload: Any, key: str | None = None) -> Submission:
-        """Record a run (idempotently, by ``key``), decompose it, and report its real state."""
-        return self.ledger.submit(self.name, payload, key=key)
+    def submit(self, payload: Any, key: str | None = None, conn: Any = None) -> Submission:
+        """Record a run (idempotently, by ``key``), decompose it, and report its real state.
+        ``conn``: record it in the caller's open transaction instead, decomposed after the
+        commit (:meth:`workledger.Ledger.submit`)."""
+        return self.ledger.submit(self.name, payload, key=key, conn=conn)
 
     def check_ready(self) -> None:
         if self.decomposer is None:

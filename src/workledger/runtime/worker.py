@@ -25,6 +25,7 @@ from dataclasses import asdict
 from workledger.core.limits import CHUNK_MAX
 from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
+from workledger.runtime.deferred import take_deferred
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job
@@ -290,6 +291,9 @@ class Worker:
 
     def _active_runs(self, refresh: bool = False) -> list[tuple[int, str]]:
         if refresh or self.clock() - self._runs_at > 1.0:
+            # runs recorded in a caller's transaction wait for a decomposer: this worker, at
+            # once, if it is the first to see one (the others then claim its items)
+            take_deferred(self.store, self.jobs, self.worker_id)
             self._runs = self.store.runs_claimable(sorted(self.jobs))
             self._runs_at = self.clock()
         return self._runs

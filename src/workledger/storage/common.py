@@ -39,6 +39,13 @@ def loads(text: Any) -> Any:
     return read_json(text)
 
 
+def kind_of(value: object) -> str:
+    """A value's type as a person would look it up: ``sqlite3.Connection``."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+
+
 def split_statements(sql: str) -> list[str]:
     """Split a migration into statements (our migrations keep ';' out of literals)."""
     lines = [ln.split("--", 1)[0] for ln in sql.splitlines()]  # no '--' inside our literals

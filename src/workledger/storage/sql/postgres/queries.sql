@@ -394,6 +394,7 @@ SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, c
        paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= now() - make_interval(secs => %(grace)s::float8)
   AND (%(backoff)s::float8 <= 0 OR r.error IS NULL OR COALESCE((
@@ -401,6 +402,49 @@ WHERE decomposed_at IS NULL AND cancelled_at IS NULL
                  %(backoff)s::float8 * power(2, GREATEST(LEAST(count(*) - 1, 16), 0)), 3600))
       FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), true))
 ORDER BY id;
+
+-- name: run_insert_deferred
+-- submit with conn=: the run row, written on the caller's connection in the caller's
+-- transaction and marked deferred, so that the first worker or sweeper to see it after the
+-- commit takes its decomposition (run_take_deferred).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, now())
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key_in
+-- run_by_key on the caller's connection, whose JSON decoding is its own (Django's loads jsonb
+-- as text, say): the payload as text, decoded by us.
+SELECT id, job, idempotency_key, NULL AS payload, payload::text AS payload_text, created_at,
+       decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
+       skipped, tolerate
+FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
+
+-- name: ledger_identity
+-- Which ledger a connection is on: the server (its start time), the database, and the
+-- wl_runs table its search_path names. The caller's must be the ledger's.
+SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::bigint AS database_oid,
+       current_database() AS database, current_schema() AS schema,
+       to_regclass('wl_runs')::oid::bigint AS runs_table,
+       pg_postmaster_start_time() AS server_started;
+
+-- name: runs_deferred
+-- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
+-- audit), oldest first, through their own partial index; without payloads.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs
+WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
+  AND (%(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[]))
+ORDER BY id LIMIT %(limit)s;
+
+-- name: run_take_deferred
+-- A worker or sweeper takes a deferred run's decomposition: guarded by the mark, so of two
+-- takers one gets the row (with its payload) and the other nothing.
+UPDATE wl_runs SET deferred_at = NULL
+WHERE id = %(run_id)s AND deferred_at IS NOT NULL AND decomposed_at IS NULL
+  AND cancelled_at IS NULL
+RETURNING *;
 
 -- name: runs_to_close
 SELECT r.id FROM wl_runs AS r

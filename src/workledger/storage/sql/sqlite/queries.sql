@@ -366,6 +366,7 @@ SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, c
        paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
   AND (:backoff <= 0 OR r.error IS NULL OR COALESCE((
@@ -373,6 +374,44 @@ WHERE decomposed_at IS NULL AND cancelled_at IS NULL
                  :backoff * (1 << max(min(count(*) - 1, 16), 0)), 3600.0) || ' seconds')
       FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), 1))
 ORDER BY id;
+
+-- name: run_insert_deferred
+-- submit with conn=: the run row, written on the caller's connection in the caller's
+-- transaction and marked deferred, so that the first worker or sweeper to see it after the
+-- commit takes its decomposition (run_take_deferred).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key_in
+-- run_by_key on the caller's connection, whose JSON decoding is its own: the payload as text.
+SELECT id, job, idempotency_key, NULL AS payload, payload AS payload_text, created_at,
+       decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
+       skipped, tolerate
+FROM wl_runs WHERE job = :job AND idempotency_key = :key;
+
+-- name: ledger_identity
+-- Which database file a connection is on: the caller's must be on the ledger's.
+SELECT file FROM pragma_database_list WHERE name = 'main';
+
+-- name: runs_deferred
+-- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
+-- audit), oldest first, through their own partial index; without payloads.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs INDEXED BY wl_runs_deferred
+WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
+  AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
+ORDER BY id LIMIT :limit;
+
+-- name: run_take_deferred
+-- A worker or sweeper takes a deferred run's decomposition: guarded by the mark, so of two
+-- takers one gets the row (with its payload) and the other nothing.
+UPDATE wl_runs SET deferred_at = NULL
+WHERE id = :run_id AND deferred_at IS NOT NULL AND decomposed_at IS NULL
+  AND cancelled_at IS NULL
+RETURNING *;
 
 -- name: runs_to_close
 SELECT r.id FROM wl_runs AS r
