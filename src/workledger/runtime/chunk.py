@@ -189,7 +189,8 @@ class Chunk:
     def _submit(self, items: list[ClaimedItem]) -> Future[list[Ran]]:
         executor = self.executor_for(items[0])
         if isinstance(executor, ProcessExecutor):
-            return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id))
+            return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id,
+                                               bool(self._batch_of(items[0]))))
         if self.coroutines is not None and executor is self.coroutines:
             return self.coroutines.submit(lambda: run_unit_async(
                 self.job, items, self.worker.worker_id, lambda: self.worker.stopping))

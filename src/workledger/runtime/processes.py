@@ -55,6 +55,7 @@ class Slice:
     job: str
     items: Sequence[ClaimedItem]
     worker_id: str
+    batch: bool = False  # one call of a batch handler for all the items
 
 
 Ran = tuple[ClaimedItem, "Outcome | HolderLost | None"]  # None: never started
@@ -248,7 +249,8 @@ class ProcessExecutor(TaskBook):
             child.conn.send(task.work)
             while True:
                 if task.abandoned:
-                    return self._lost(items, outcomes, "killed at its time limit"), False
+                    return self._lost(items, outcomes, "killed at its time limit",
+                                      task.work.batch), False
                 if not child.conn.poll(POLL):
                     if not child.proc.is_alive():
                         break
@@ -265,15 +267,18 @@ class ProcessExecutor(TaskBook):
             pass
         child.proc.join(1)
         reason = f"its process died (exit code {child.proc.exitcode})"
-        return self._lost(items, outcomes, reason), False
+        return self._lost(items, outcomes, reason, task.work.batch), False
 
     @staticmethod
-    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str) -> list[Ran]:
-        """The first item without an outcome was running: it is lost; the rest never ran."""
+    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str,
+              batch: bool = False) -> list[Ran]:
+        """The first item without an outcome was running: it is lost; the rest never ran. In a
+        batch, one call held every item: each one without an outcome is lost."""
         ran: list[Ran] = []
         running = next((i for i, o in enumerate(outcomes) if o is None), None)
         for i, (item, outcome) in enumerate(zip(items, outcomes, strict=True)):
-            ran.append((item, HolderLost(reason) if i == running else outcome))
+            lost = outcome is None and (batch or i == running)
+            ran.append((item, HolderLost(reason) if lost else outcome))
         return ran
 
     def _replace(self, dead: _Child) -> _Child:
