@@ -11,6 +11,7 @@ import base64
 import re
 import smtplib
 import threading
+from collections.abc import Callable
 from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
@@ -112,22 +113,25 @@ class Mailer:
         body = _DOT.sub(b"..", raw)
         if body and not body.endswith(b"\r\n"):
             body += b"\r\n"
-        try:
+
+        def hand_over() -> tuple[int, bytes]:
             conn.send(body + b".\r\n")
-            code, reply = conn.getreply()
-        except (smtplib.SMTPServerDisconnected, OSError) as exc:
-            self._drop()
-            raise Uncertain(f"connection lost during DATA: {exc}") from exc
-        if code != 250:
-            self._reset(conn)
-            raise _refusal(code, reply, "end of DATA")
+            return conn.getreply()
+
+        self._answered(conn, hand_over)
 
     def _data(self, conn: smtplib.SMTP, raw: bytes) -> None:
         try:
-            code, reply = conn.data(raw)
+            self._answered(conn, lambda: conn.data(raw))
         except smtplib.SMTPDataError as exc:  # DATA itself refused: nothing was handed over
             self._reset(conn)
             raise _refusal(exc.smtp_code, exc.smtp_error, "DATA") from exc
+
+    def _answered(self, conn: smtplib.SMTP, hand_over: Callable[[], tuple[int, bytes]]
+                  ) -> None:
+        """Hand the message over; a connection lost meanwhile leaves it ``Uncertain``."""
+        try:
+            code, reply = hand_over()
         except (smtplib.SMTPServerDisconnected, OSError) as exc:
             self._drop()
             raise Uncertain(f"connection lost during DATA: {exc}") from exc
