@@ -15,12 +15,12 @@ from dataclasses import replace
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from workledger.core import rates
 from workledger.core.states import AWAITING_VERIFY
 from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
 from workledger.errors import StorageError, UnknownRun, UsageError
 from workledger.storage import common
 from workledger.storage.dialect import C, Connection
+from workledger.storage.limited import StageLimits
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
     ClaimedItem,
@@ -40,7 +40,6 @@ from workledger.storage.port import (
     Reconciled,
     RunRow,
     SettleParams,
-    StageLimit,
 )
 from workledger.storage.queries import migrations
 
@@ -50,7 +49,7 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Overview[C]):
+class LedgerStore(Overview[C], StageLimits[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------
@@ -331,48 +330,6 @@ class LedgerStore(Overview[C]):
                     map(itemgetter(2), rows), "pending", "claimed"))
         common.failpoint("claim.after_commit")
         return claimed
-
-    def _claim_by_stage(self, conn: C, params: ClaimParams) -> list[Any]:
-        """A limited job's claim: the buckets of its limited stages locked first (in stage
-        order: every claimer takes them in the same order), then each stage's rows in turn,
-        a limited stage no further than its bucket and cap allow, all under one token."""
-        allowed = {limit.stage: self._limit_allows(conn, params.job, limit, params.limit)
-                   for limit in sorted(params.limits, key=attrgetter("stage"))}
-        token: dict[str, Any] = {"token": None, **self._lease_token(conn)}
-        rows: list[Any] = []
-        for stage in params.stages:
-            want = min(params.limit - len(rows), allowed.get(stage, (0.0, params.limit))[1])
-            if want <= 0:
-                continue
-            got = self._tuples(conn, self.Q["items_claim_stage"], {
-                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "stage": stage, "limit": want, **token})
-            if got and token["token"] is None:
-                token["token"] = got[0][7]  # the token the first statement took
-            rows += got
-        for limit in params.limits:
-            spent = sum(1 for r in rows if r[2] == limit.stage)
-            if spent and limit.rate is not None:
-                conn.execute(self.Q["limit_spend"], {
-                    **common.limit_params(params.job, limit),
-                    "tokens": allowed[limit.stage][0] - spent})
-        return rows
-
-    def _limit_allows(self, conn: C, job: str, limit: StageLimit, want: int
-                      ) -> tuple[float, int]:
-        """Lock the stage's bucket (made full on first use) and say (its tokens now, how many
-        items this claim may take of the stage)."""
-        args = common.limit_params(job, limit)
-        row = conn.execute(self.Q["limit_lock"], args).fetchone()
-        if row is None:
-            conn.execute(self.Q["limit_create"], args)
-            row = conn.execute(self.Q["limit_lock"], args).fetchone()
-        tokens = rates.tokens_now(float(row["tokens"]), float(row["elapsed"]), limit.rate,
-                                  limit.burst) if limit.rate is not None else float(want)
-        in_flight = 0
-        if limit.max_in_flight is not None:
-            in_flight = int(self._first(self._tuples(conn, self.Q["limit_in_flight"], args))[0])
-        return tokens, rates.allowance(tokens, in_flight, limit.max_in_flight, want)
 
     def items_mark_started(self, params: LeaseParams, charge: int = 1) -> list[int]:
         with self._tx() as conn:
