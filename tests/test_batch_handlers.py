@@ -103,6 +103,23 @@ def test_batches_run_in_handler_processes_and_in_a_stage_that_is_not_idempotent(
     assert sum(count for _, count, _ in _calls(log)) == 40  # each item sent once
 
 
+def test_a_handler_process_that_dies_in_a_batch_leaves_every_item_of_it_in_doubt(
+    wl: Run, db_url: str, tmp_path: Path,  # noqa: F811
+) -> None:
+    """A batch is one call: when its process dies, any of its items may have had its effect,
+    not only the first. None is released as never started, so none is sent again unseen."""
+    log = tmp_path / "calls.log"
+    run_id = _run(wl, "notify", n=30, die=True, log=str(log))
+    report = ok_json(wl("worker", "--until-idle", "--processes", "2", "--json", app=BATCH))
+    assert report["lost_processes"] == 10  # the ten items of the batch that was running
+    items = _items(db_url, run_id)
+    doubtful = {s for s, i in items.items() if i.state == "unknown"}
+    assert doubtful == set(range(10))  # the whole batch the dead call held, for a person
+    assert all(items[s].state == "processed" for s in range(10, 30))
+    calls = Counter(k for _, _, keys in _calls(log) for k in keys)
+    assert all(calls[f"{run_id}/send/{s}"] == 1 for s in range(30))  # nothing sent twice
+
+
 def test_a_batch_size_must_be_a_whole_number_in_range() -> None:
     job = Ledger("sqlite:///:memory:").job("j")
     for bad in (0, -1, True, 2.5, 10_001):

@@ -40,6 +40,9 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
     statements = {
         "items_claim": {"run_id": run_id, "after_id": 0, "limit": 500, "lease": 30.0,
                         "closing": False},
+        # another stage's claim: the run's 5,000 pending rows are all of stage "apply"
+        "items_claim_stage": {"run_id": run_id, "stage": "deliver", "limit": 500,
+                              "lease": 30.0, "token": None},
         "items_finish_if_leased": {
             "ids": ids, "tokens": [1] * 100, "states": ["processed"] * 100,
             "results": [None] * 100, "errors": [None] * 100, "delays": [None] * 100,
@@ -65,6 +68,8 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
 def test_postgres_hot_statements_never_scan_the_items_table(pg_url: str) -> None:
     plans = _pg_plans(pg_url, _ledger_with_finished_rows(pg_url))
     assert "wl_items_claimable" in plans["items_claim"], plans["items_claim"]
+    # a limited job's claim walks one stage's pending rows (stage limits, migration 0005)
+    assert "wl_items_stage_claimable" in plans["items_claim_stage"], plans["items_claim_stage"]
     # a chunk's statements fetch its rows by primary key, however many rows are claimed
     for name in ("items_finish_group", "items_finish_if_leased", "items_heartbeat"):
         assert "wl_items_pkey" in plans[name], f"{name}:\n{plans[name]}"

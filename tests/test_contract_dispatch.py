@@ -1,4 +1,4 @@
-"""The storage port's part of dispatch through a broker (migration 0006), on both backends:
+"""The storage port's part of dispatch through a broker (migration 0007), on both backends:
 the claim by identity a broker task makes, and the bookkeeping of which pending items are owed
 a message (``redispatch_at``, ``dispatches``) that lets the sweeper publish again what a broker
 lost or a dying publisher never sent."""

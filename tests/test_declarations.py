@@ -19,7 +19,7 @@ from workledger.runtime.execute import TRACE_LIMIT
 pytestmark = pytest.mark.integration
 
 
-# -- async functions are refused where they are declared -------------------------------------
+# -- async functions: where they run, and what is refused where it is declared ------------------
 
 
 async def _async_handler(item: ItemView, ctx: Context) -> None:
@@ -31,30 +31,60 @@ class _AsyncCallable:
         return None
 
 
+async def _async_generator(item: ItemView, ctx: Context) -> Any:
+    yield None
+
+
 @pytest.mark.parametrize("handler", [_async_handler, _AsyncCallable()])
-def test_an_async_handler_is_refused_at_declaration(handler: Any) -> None:
+@pytest.mark.parametrize("executor", [None, "async"])
+def test_an_async_handler_runs_on_the_event_loop(handler: Any, executor: str | None) -> None:
     job = Ledger("sqlite:///unused.db").job("j")
-    with pytest.raises(UsageError, match="stage 'work': the handler is an async function"):
-        job.stage("work")(handler)
+    job.stage("work", executor=executor)(handler)
+    job.stage("batch", batch=10)(handler)
+    assert [(s.name, s.executor) for s in job.stages] == [("work", "async"), ("batch", "async")]
+    assert job.executors(processes=True) == job.executors(processes=False) == {"async"}
+
+
+def test_the_async_executor_needs_an_async_handler_and_an_async_one_no_other() -> None:
+    job = Ledger("sqlite:///unused.db").job("j")
+    with pytest.raises(UsageError, match="^job 'j', stage 'work': executor='async' needs an "
+                                         "async def handler, and plain is a plain function$"):
+        def plain(item: ItemView, ctx: Context) -> None:
+            return None
+
+        job.stage("work", executor="async")(plain)
+    for other in ("thread", "process"):
+        with pytest.raises(UsageError, match=rf"the handler is an async function, which runs "
+                                             rf"on the worker's event loop \(executor='async'\), "
+                                             rf"not executor='{other}'"):
+            job.stage("work", executor=other)(_async_handler)
+    with pytest.raises(UsageError, match="executor must be 'thread', 'process' or 'async'"):
+        job.stage("work", executor="greenlet")
+    with pytest.raises(UsageError, match="the handler is an async generator"):
+        job.stage("work")(_async_generator)
     assert job.stages == []
 
 
-def test_an_async_verify_hook_decomposer_or_closing_hook_is_refused() -> None:
+def test_async_verify_and_closing_hooks_are_accepted_an_async_decomposer_is_refused() -> None:
     job = Ledger("sqlite:///unused.db").job("j")
-    with pytest.raises(UsageError, match="the verify hook is an async function"):
-        job.stage("work", verify=_async_handler)
+    job.stage("work", verify=_async_handler)(lambda item, ctx: None)
+    verify = job.stages[0].verify
+    assert verify is not None and verify(None, None) is None  # awaited on a loop of its own
+
+    async def close(status: Any) -> str:
+        return f"closed {status}"
+
+    assert job.on_complete(close) is close
+    assert job.on_complete_fn is not None and job.on_complete_fn(7) == "closed 7"
 
     async def split(payload: Any) -> Any:
         return []
 
-    with pytest.raises(UsageError, match="the decomposer is an async function"):
+    with pytest.raises(UsageError, match="the decomposer is an async function; a decomposer "
+                                         "runs inside submit"):
         job.decompose(split)
-
-    async def close(status: Any) -> None:
-        return None
-
-    with pytest.raises(UsageError, match="the closing hook is an async function"):
-        job.on_complete(close)
+    with pytest.raises(UsageError, match="the verify hook is an async generator"):
+        job.stage("other", verify=_async_generator)
 
 
 def test_a_plain_function_and_a_plain_callable_object_are_accepted() -> None:
@@ -168,7 +198,7 @@ def test_history_prints_the_traceback_below_the_events(failing: Ledger, db_url: 
 # -- the payroll demo's dependencies are an extra ------------------------------------------------
 
 
-@pytest.mark.parametrize("missing", ["reportlab", "aiosmtpd"])
+@pytest.mark.parametrize("missing", ["reportlab"])
 def test_the_payroll_demo_without_its_extra_says_how_to_install_it(
     missing: str, tmp_path: Path
 ) -> None:

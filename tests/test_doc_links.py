@@ -33,6 +33,9 @@ EXAMPLES = {
     "myjobs.py",  # README: the reader's own module of job definitions, in the CLI example
     "events.json",  # README: the reader's payload file, in the same example
     "workledger.db",  # the default ledger, created in the current folder on first use
+    "settings.py",  # docs/django.md: the reader's Django settings
+    "manage.py",  # docs/django.md: the reader's Django project's
+    "django.db",  # docs/django.md: Django's module (from django.db import ...), not a file
 }
 # Folders the payroll demo writes into when it runs (README: PDFs, employee store, mail sink).
 EXAMPLE_FOLDERS = ("payslips/",)

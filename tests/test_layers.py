@@ -22,8 +22,6 @@ pytestmark = pytest.mark.unit
 SRC = Path(__file__).resolve().parents[1] / "src"
 PUBLIC = {"workledger", "workledger.api", "workledger.errors", "workledger.progress"}
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
-# what the integrations bring (extras): imported only by workledger.contrib
-INTEGRATIONS = {"celery", "kombu", "amqp", "billiard", "rq", "redis", "django"}
 
 
 def module_name(path: Path) -> str:
@@ -148,28 +146,29 @@ def test_the_demos_use_the_public_api_only() -> None:
             assert private == set(), name
 
 
-def test_only_the_integrations_import_a_broker_or_a_framework() -> None:
-    """The core never imports celery, rq, redis or kombu: only ``workledger.contrib`` does,
-    and only when the user imports it (each is an extra of pyproject.toml)."""
-    for name in modules():
-        brought = {i for i in imports_of(name) if i.split(".")[0] in INTEGRATIONS}
-        if brought:
-            assert name.startswith("workledger.contrib."), (name, brought)
+INTEGRATED = {"django", "celery", "rq", "kombu", "amqp", "billiard", "redis"}  # extras
 
 
-def test_nothing_outside_the_integrations_imports_them() -> None:
+def test_integrations_live_in_contrib_and_nothing_outside_imports_them() -> None:
+    """The core and the facade never import an optional package (``workledger[django]``...):
+    only ``workledger.contrib.<name>`` does, and only a user imports contrib."""
+    assert "workledger.contrib.django" in modules()
     for name in modules():
-        if not name.startswith("workledger.contrib"):
-            reached = {i for i in internal_imports(name) if i.startswith("workledger.contrib")}
-            assert reached == set(), name
+        if name.startswith("workledger.contrib"):
+            continue
+        assert {i for i in imports_of(name) if i.split(".")[0] in INTEGRATED} == set(), name
+        assert {i for i in internal_imports(name) if i.startswith("workledger.contrib")} \
+            == set(), name
 
 
 def test_the_integrations_use_the_public_api_and_the_runtime() -> None:
+    """(and the CLI, for an integration that runs its commands: Django's manage.py)"""
     found = [name for name in modules() if name.startswith("workledger.contrib.")]
     assert {"workledger.contrib.celery", "workledger.contrib.rq"} <= set(found)
     for name in found:
         beneath = {i for i in internal_imports(name)
-                   if not i.startswith(("workledger.contrib", "workledger.runtime"))
+                   if not i.startswith(("workledger.contrib", "workledger.runtime",
+                                        "workledger.cli"))
                    and i not in PUBLIC}
         assert beneath == set(), name
 

@@ -36,6 +36,7 @@ PUBLIC_COLUMNS = {
         "failed",
         "skipped",
         "tolerate",
+        "deferred_at",
     },
     "wl_items": {
         "id",
@@ -59,6 +60,8 @@ PUBLIC_COLUMNS = {
     },
     "wl_events": {"id", "run_id", "item_id", "at", "kind", "lease_token", "actor", "detail"},
     "wl_stage_counts": {"id", "run_id", "stage", "state", "n"},
+    "wl_stage_limits": {"job", "stage", "tokens", "refreshed_at", "rate", "burst",
+                        "max_in_flight"},
 }
 
 PG_UNIQUE_INDEXES = """

@@ -1,4 +1,4 @@
-"""The payroll job against a real aiosmtpd sink: every payslip generated once, sent once.
+"""The payroll job against the real SMTP sink (over TCP): every payslip generated once, sent once.
 
 The numbers are checked against three independent witnesses: the ledger's item rows, the PDF
 files (and the store's log of render calls), and the messages the sink accepted.

@@ -6,11 +6,13 @@ items. See README.md and docs/.
 """
 
 from workledger.api import Ledger, RunStatus, Submission
+from workledger.async_api import AsyncLedger
 from workledger.core.outcomes import Item, Permanent, Retry, Skip
 from workledger.errors import WorkledgerError
 from workledger.runtime.execute import BatchContext, Context, ItemView
 
 __all__ = [
+    "AsyncLedger",
     "BatchContext",
     "Context",
     "Item",

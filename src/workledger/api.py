@@ -219,23 +219,34 @@ class Ledger:
             known = ", ".join(sorted(self.jobs)) or "none"
             raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
 
-    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission:
+    def submit(self, job_name: str, payload: Any, key: str | None = None,
+               conn: Any = None) -> Submission:
         """Record a run, decompose it, and return its real state.
 
         A key that exists already returns that run (``created=False``) and its real state;
         the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
+
+        ``conn``: the caller's open connection to this ledger's database (a psycopg 3
+        connection on PostgreSQL, a ``sqlite3.Connection`` to the same file on SQLite). The
+        run is then recorded in the caller's transaction, uncommitted: it exists if and only
+        if the caller commits, and is decomposed after the commit by a worker or the sweeper
+        (its state here is ``accepted``)::
+
+            with psycopg.connect(url) as conn:          # doctest: +SKIP
+                conn.execute("INSERT INTO orders ...")
+                ledger.submit("fulfil", {"order": 7}, key="order-7", conn=conn)
+            # committed: the order and its run, or neither
         """
         job = self.job_named(job_name)
         job.check_ready()
         inputs.check_key(key)
         text = canonical_json(payload)
-        run, created = self.store.run_submit(NewRun(job.name, key or default_key(text), text,
-                                                     float(job.tolerate)))
+        new = NewRun(job.name, key or default_key(text), text, float(job.tolerate))
+        if conn is not None:
+            return self._submit_in(conn, job, new)
+        run, created = self.store.run_submit(new)
         if not created:
-            if canonical_json(run.payload) != text:
-                raise PayloadMismatch(
-                    f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
-                    " with a different payload; nothing was written", run.id)
+            self._same_payload(job, run, text)
             if run.decomposed_at is None and run.error is None and run.cancelled_at is None:
                 # its decomposition was cut short (a crash, a full disk): carry it on now, as
                 # the sweeper would; rows already written are not written twice
@@ -246,6 +257,23 @@ class Ledger:
                                   resumed=True)
             return Submission(run.id, False, self._status_of(run))
         return Submission(run.id, True, self._status_of(self._decompose(job, run)))
+
+    def _submit_in(self, conn: Any, job: Job, new: NewRun) -> Submission:
+        """Only the run row and its event, in the caller's transaction; the ledger's schema is
+        migrated through this ledger's own store first (``self.store``), never in there."""
+        run, created = self.store.run_submit_in(conn, new)
+        if not created:
+            self._same_payload(job, run, new.payload)
+        # its real state through the ledger's own store: a run of this transaction, which
+        # it cannot see yet, has no item: accepted
+        return Submission(run.id, created, self._status_of(run))
+
+    @staticmethod
+    def _same_payload(job: Job, run: RunRow, text: str) -> None:
+        if canonical_json(run.payload) != text:
+            raise PayloadMismatch(
+                f"key {run.idempotency_key!r} already names run {run.id} of job {job.name!r}"
+                " with a different payload; nothing was written", run.id)
 
     def _decompose(self, job: Job, run: RunRow, resume: bool = False) -> RunRow:
         try:
@@ -287,7 +315,8 @@ class Ledger:
         processes: int = 1,
         app: str | None = None,
     ) -> Worker:
-        """A worker for the loaded jobs (or ``jobs``). ``timeout``: a handler's time limit
+        """A worker for the loaded jobs (or ``jobs``). ``concurrency``: handlers that run at
+        once (threads, or coroutines for async stages). ``timeout``: a handler's time limit
         where its stage sets none. ``db_retry_for``: seconds of continuous database outage it
         waits out before it gives up (``OutageTooLong``). ``processes``: run handlers in that
         many child processes (more than 1), each importing ``app`` (``module:attribute``

@@ -55,8 +55,9 @@ class DatabaseUnavailable(WorkledgerError):
 
 
 class WorkerStuck(WorkledgerError):
-    """More handlers stuck past their time limit than the worker has threads: it stopped so
-    that a supervisor restarts it (a thread cannot be killed)."""
+    """More handlers stuck past their time limit than the worker's concurrency: it stopped so
+    that a supervisor restarts it (a thread cannot be killed, nor a coroutine that ignores
+    its cancellation)."""
 
     exit_code = 3
 

@@ -25,6 +25,7 @@ def _split(payload: dict[str, Any]) -> Any:
                                                      for k in ("bad", "busy", "gone")},
                                          "raise": bool(payload.get("raise")),
                                          "short": bool(payload.get("short")),
+                                         "die": bool(payload.get("die")),
                                          "log": payload.get("log")})
 
 
@@ -33,6 +34,8 @@ def _send(items: list[Any], ctx: BatchContext) -> list[Any]:
     if first["log"]:
         with open(first["log"], "a") as f:
             f.write(f"{os.getpid()} {len(items)} {' '.join(ctx.idempotency_keys)}\n")
+    if first.get("die") and ctx.attempts[0] == 1 and any(i.data["i"] == 0 for i in items):
+        os._exit(137)  # the handler process dies in the middle of the call
     if first["raise"] and ctx.attempts[0] == 1:
         raise ConnectionError("the mail server hung up")
     out: list[Any] = []

@@ -6,6 +6,9 @@ pid and parent pid of the process that ran it; an item in ``poison`` kills its p
 first attempt; an item in ``hang`` never returns. ``marks``, when given, gets a file per
 handler process (named by its pid). ``send`` (not idempotent) does the same for the items of
 job ``once``; ``local`` (``executor="thread"``) runs in the worker's own threads.
+
+``relay``: stage ``make`` in child processes, then ``ship`` in the worker's threads; each notes
+in its result when it started and ended (wall clock), so a test can see them overlap.
 """
 
 from __future__ import annotations
@@ -51,3 +54,15 @@ once.stage("send")(_work)
 local = ledger.job("local")
 local.decompose(_split)
 local.stage("inline", idempotent=True, executor="thread")(_work)
+
+
+def _timed(item: Any, ctx: Any) -> dict[str, float]:
+    start = time.time()
+    time.sleep(0.01)
+    return {"start": start, "end": time.time(), "pid": os.getpid()}
+
+
+relay = ledger.job("relay")
+relay.decompose(_split)
+relay.stage("make", idempotent=True)(_timed)
+relay.stage("ship", idempotent=True, after="make", executor="thread")(_timed)

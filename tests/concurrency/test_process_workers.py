@@ -69,6 +69,23 @@ def test_a_stage_that_asks_for_threads_runs_in_the_worker_itself(db_url: str) ->
     assert {i.result["pid"] for i in rows}.isdisjoint({i.result["ppid"] for i in rows})
 
 
+def test_stages_in_processes_and_in_threads_run_at_the_same_time(db_url: str) -> None:
+    """One lane per kind of executor: the threads ship what the processes made a moment
+    before, instead of waiting for the processes' chunk to end (or for all of it)."""
+    run_id = submit(db_url, "relay", n=300)
+    report = worker_json(cli(db_url, "worker", "--until-idle", "--processes", "2",
+                             "--concurrency", "4", "--chunk", "20", "--json"))
+    assert report["processed"] == 600
+    rows = items(db_url, run_id)
+    made = [i.result for i in rows if i.stage == "make"]
+    shipped = [i.result for i in rows if i.stage == "ship"]
+    assert len(made) == len(shipped) == 300
+    last_made = max(r["end"] for r in made)
+    # most of the shipping happened while the processes were still making
+    assert sum(1 for r in shipped if r["start"] < last_made) >= 150
+    assert {r["pid"] for r in shipped}.isdisjoint({r["pid"] for r in made})
+
+
 def test_a_poison_item_takes_down_only_itself_and_its_process_is_replaced(
     db_url: str,
 ) -> None:

@@ -26,8 +26,8 @@ Exit codes:
   2  bad usage or bad input: unknown job or run, payload not a JSON object,
      unknown URL scheme, same key with a different payload, an input over
      its limit, no ledger at --db (only init, submit and worker create one)
-  3  worker: more handlers stuck past their time limit than threads;
-     restart it
+  3  worker: more handlers stuck past their time limit than
+     --concurrency; restart it
 
 \b
 --app is loaded only by the commands that run your code or need what a job

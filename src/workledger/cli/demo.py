@@ -16,7 +16,7 @@ DEMO_EXTRA = "pip install 'workledger[demo]'"
 
 
 def _payroll_demo() -> Any:
-    """The payroll demo's entry point; it needs reportlab and aiosmtpd (the ``demo`` extra),
+    """The payroll demo's entry point; it needs reportlab (the ``demo`` extra),
     which the library itself does not."""
     try:
         from workledger.demos.payroll import run_demo

@@ -152,7 +152,8 @@ def report_line(report: WorkReport, how: str) -> str:
 
 @click.command()
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Handler threads.")
+              help="Handlers that run at once: threads, or coroutines for async stages (a "
+                   "job with async stages claims at least this many items).")
 @click.option("--processes", type=click.IntRange(1, limits.PROCESSES_MAX), default=1,
               show_default=True,
               help="Run handlers in this many child processes, each importing --app (for "
@@ -187,7 +188,9 @@ def worker(settings: Settings, concurrency: int, processes: int, chunk: int, lea
     seconds, logging it once when it starts and once when it ends. A handler past its time
     limit is abandoned and its item settled by its stage's declaration (in a child process,
     with --processes, the process is killed and replaced); with more stuck
-    handlers than --concurrency it exits 3 so that a supervisor restarts it. It logs its
+    handlers than --concurrency it exits 3 so that a supervisor restarts it (an async handler
+    is cancelled at its limit; async handlers run on an event loop of the worker, however
+    many --processes). It logs its
     lifecycle to stderr (start, a summary every 30 s, outages, timeouts, stale results, stop;
     nothing per item at info). SIGTERM or SIGINT stops it cleanly: running handlers finish,
     unstarted items are released (a second signal exits at once). Prints a one-line summary
@@ -210,7 +213,7 @@ def worker(settings: Settings, concurrency: int, processes: int, chunk: int, lea
         click.echo(report_line(report, how))
     if report.stuck:
         raise WorkerStuck(f"worker {w.worker_id}: more handlers stuck past their time limit "
-                          f"than its {concurrency} threads; restart it")
+                          f"than its --concurrency of {concurrency}; restart it")
 
 
 COMMANDS = (init, submit, worker)

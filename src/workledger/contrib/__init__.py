@@ -3,8 +3,10 @@
 - ``workledger.contrib.celery`` (``pip install 'workledger[celery]'``): dispatch through
   Celery (docs/celery.md);
 - ``workledger.contrib.rq`` (``pip install 'workledger[rq]'``): dispatch through RQ
-  (docs/rq.md).
+  (docs/rq.md);
+- ``workledger.contrib.django`` (``pip install 'workledger[django]'``): the Django app
+  (docs/django.md).
 
-Nothing in workledger outside this package imports it, and it imports only the public API and
-the runtime it needs (tests/test_layers.py).
+Nothing outside this package imports it, and the core never imports the packages it
+integrates with: a user imports ``workledger.contrib.<name>`` (tests/test_layers.py).
 """

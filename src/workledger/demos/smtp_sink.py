@@ -1,6 +1,7 @@
 """A local SMTP server that keeps every message it accepts, for the payroll demo and its tests.
 
-``MailSink`` is an aiosmtpd server on 127.0.0.1 (a free port) running in a thread of its own.
+``MailSink`` is a small SMTP server (asyncio, RFC 5321 with PIPELINING) on 127.0.0.1 (a free
+port) running in a thread of its own.
 Each accepted message becomes one row in a SQLite file (``SinkRecords``): its Message-ID, its
 recipient and the SHA-256 of its attachment. Rows are never merged, so a message sent twice is
 two rows, which is exactly what the demo counts. Because the records are a file, any process
@@ -13,8 +14,10 @@ can ask ``accepted(message_id)``: that is what the payroll job's ``verify`` hook
 
 from __future__ import annotations
 
-import errno
+import asyncio
+import binascii
 import hashlib
+import re
 import socket
 import sqlite3
 import threading
@@ -24,9 +27,6 @@ from email import message_from_bytes
 from email.policy import compat32
 from pathlib import Path
 from types import TracebackType
-
-from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from workledger.demos.local_db import LocalDb
 
@@ -118,49 +118,141 @@ class SinkRecords:
         self._db.close()
 
 
+_MESSAGE_ID = re.compile(rb"^Message-ID:[ \t]*(.+?)[ \t]*\r?$", re.IGNORECASE | re.MULTILINE)
+_ATTACHMENT = re.compile(rb"^Content-Disposition:[ \t]*attachment", re.IGNORECASE | re.MULTILINE)
+_BASE64 = re.compile(rb"^Content-Transfer-Encoding:[ \t]*base64", re.IGNORECASE | re.MULTILINE)
+
+
 def attachment_digest(raw: bytes) -> tuple[str | None, str | None]:
-    """(Message-ID, SHA-256 of the first attachment) of a raw RFC 5322 message."""
-    msg = message_from_bytes(raw, policy=compat32)  # the fast parser; no header objects
-    digest = None
+    """(Message-ID, SHA-256 of the first attachment) of a raw RFC 5322 message: the part's
+    bytes are decoded and hashed here, independently of what the sender says they are."""
+    head, _, _ = raw.partition(b"\r\n\r\n")
+    found = _MESSAGE_ID.search(head)
+    mid = found.group(1).decode(errors="replace") if found else None
+    return mid, _fast_digest(raw) if mid is not None else None
+
+
+def _fast_digest(raw: bytes) -> str | None:
+    """A base64 attachment found by its headers, decoded in C; any other shape goes through
+    the email package's parser (slower, and the same answer)."""
+    at = _ATTACHMENT.search(raw)
+    if at is not None:
+        start = raw.rfind(b"\r\n--", 0, at.start())
+        body = raw.find(b"\r\n\r\n", at.start())
+        end = raw.find(b"\r\n--", body)
+        if start >= 0 and body >= 0 and end >= 0 and _BASE64.search(raw, start, body):
+            try:
+                return hashlib.sha256(binascii.a2b_base64(raw[body + 4:end])).hexdigest()
+            except binascii.Error:
+                pass
+    msg = message_from_bytes(raw, policy=compat32)
     for part in msg.walk():
         if part.get_content_disposition() == "attachment":
             payload = part.get_payload(decode=True)
             if isinstance(payload, bytes):
-                digest = hashlib.sha256(payload).hexdigest()
-                break
-    mid = msg.get("Message-ID")
-    return (None if mid is None else str(mid).strip()), digest
+                return hashlib.sha256(payload).hexdigest()
+    return None
 
 
-class _Handler:
-    """aiosmtpd hooks: refuse during an outage or for rejected domains, store what is accepted."""
+class _Session(asyncio.Protocol):
+    """One SMTP connection (RFC 5321: EHLO/HELO, MAIL, RCPT, DATA, RSET, NOOP, QUIT, with
+    PIPELINING): refuse during an outage or for rejected domains, store what is accepted."""
 
     def __init__(self, sink: MailSink) -> None:
         self.sink = sink
+        self.buffer = b""
+        self.recipients: list[str] = []
+        self.sender: str | None = None
+        self.in_data = False
+        self.transport: asyncio.Transport | None = None
 
-    async def handle_RCPT(  # noqa: N802 - the name aiosmtpd looks for
-        self, server: SMTP, session: Session, envelope: Envelope, address: str,
-        rcpt_options: list[str],
-    ) -> str:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._reply("220 sink.workledger.local ESMTP workledger mail sink")
+
+    def _reply(self, line: str) -> None:
+        if self.transport is not None:
+            self.transport.write(line.encode() + b"\r\n")
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while self.buffer:
+            if self.in_data:
+                # the message ends at a line holding one dot; "\r\n" before it, to find one
+                # that ends an empty message too, and to undo the dot-stuffing of line one
+                end = (b"\r\n" + self.buffer).find(b"\r\n.\r\n")
+                if end < 0:
+                    return
+                message = (b"\r\n" + self.buffer[:end]).replace(b"\r\n..", b"\r\n.")[2:]
+                self.buffer = self.buffer[end + 3:]
+                self.in_data = False
+                self._reply(self._accept(message))
+                continue
+            line, sep, rest = self.buffer.partition(b"\r\n")
+            if not sep:
+                return
+            self.buffer = rest
+            self._command(line.decode("utf-8", errors="replace"))
+
+    def _command(self, line: str) -> None:
+        verb, _, arg = line.partition(" ")
+        verb = verb.upper()
+        if verb == "EHLO":
+            self._reply("250-sink.workledger.local\r\n250-PIPELINING\r\n250-8BITMIME\r\n"
+                        "250 SMTPUTF8")
+        elif verb == "HELO":
+            self._reply("250 sink.workledger.local")
+        elif verb == "MAIL":
+            self.sender, self.recipients = _address(arg), []
+            self._reply("250 OK")
+        elif verb == "RCPT":
+            self._reply(self._recipient(_address(arg)))
+        elif verb == "DATA":
+            if self.sender is None or not self.recipients:
+                self._reply("503 5.5.1 Error: need RCPT command")
+            else:
+                self.in_data = True
+                self._reply("354 End data with <CR><LF>.<CR><LF>")
+        elif verb in ("RSET", "NOOP"):
+            if verb == "RSET":
+                self.sender, self.recipients = None, []
+            self._reply("250 OK")
+        elif verb == "QUIT":
+            self._reply("221 Bye")
+            if self.transport is not None:
+                self.transport.close()
+        else:
+            self._reply("502 5.5.2 Error: command not recognized")
+
+    def _recipient(self, address: str) -> str:
+        if self.sender is None:
+            return "503 5.5.1 Error: need MAIL command"
         if self.sink.refusing():
             self.sink.records.refused(address, TRANSIENT)
             return TRANSIENT
         if address.rpartition("@")[2].lower() in self.sink.reject_domains:
             self.sink.records.refused(address, NO_MAILBOX)
             return NO_MAILBOX
-        envelope.rcpt_tos.append(address)
+        self.recipients.append(address)
         return "250 OK"
 
-    async def handle_DATA(  # noqa: N802
-        self, server: SMTP, session: Session, envelope: Envelope,
-    ) -> str:
-        raw = envelope.original_content or b""
+    def _accept(self, raw: bytes) -> str:
+        recipients, self.sender, self.recipients = self.recipients, None, []
         message_id, digest = attachment_digest(raw)
         if message_id is None:
             return "554 5.6.0 A Message-ID header is required here"
-        for rcpt in envelope.rcpt_tos:
+        for rcpt in recipients:
             self.sink.records.record(message_id, rcpt, digest, len(raw))
         return "250 2.0.0 Message accepted for delivery"
+
+
+def _address(arg: str) -> str:
+    """``FROM:<a@b> SIZE=1`` -> ``a@b``."""
+    _, _, rest = arg.partition(":")
+    rest = rest.strip()
+    if rest.startswith("<"):
+        return rest[1:rest.find(">")] if ">" in rest else rest[1:]
+    return rest.split(" ", 1)[0]
 
 
 def free_port(host: str = HOST) -> int:
@@ -170,7 +262,7 @@ def free_port(host: str = HOST) -> int:
 
 
 class MailSink:
-    """An aiosmtpd server on ``127.0.0.1`` storing each accepted message in ``path``.
+    """An SMTP server on ``127.0.0.1`` storing each accepted message in ``path``.
 
     ``reject_domains``: recipients there are refused permanently (550). ``outage(seconds)``:
     refuse every recipient with 451 for that long, from now or (``on_first_delivery=True``)
@@ -185,7 +277,8 @@ class MailSink:
         self.reject_domains = {d.lower() for d in reject_domains}
         self.host = HOST
         self.port = 0
-        self._controller: Controller | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._outage_seconds = 0.0
         self._outage_until: float | None = None  # monotonic deadline once the outage began
@@ -221,25 +314,43 @@ class MailSink:
     # -- server ------------------------------------------------------------------------------
 
     def start(self) -> MailSink:
+        """Listen on 127.0.0.1 (the port given, else a free one), served by an event loop in a
+        thread of its own."""
         self.records.count()  # create the file and its tables before anyone asks
-        for attempt in range(20):
-            port = self._port or free_port(self.host)
-            controller = Controller(_Handler(self), hostname=self.host, port=port,
-                                    server_hostname="sink.workledger.local", ready_timeout=10)
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failed: list[BaseException] = []
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
             try:
-                controller.start()
-            except OSError as exc:  # another process took the port between probe and bind
-                if exc.errno != errno.EADDRINUSE or attempt == 19 or self._port:
-                    raise
-                continue
-            self._controller, self.port = controller, port
-            return self
-        raise RuntimeError("no free port for the mail sink")
+                server = loop.run_until_complete(loop.create_server(
+                    lambda: _Session(self), self.host, self._port))
+            except BaseException as exc:  # told to the thread that started the sink
+                failed.append(exc)
+                ready.set()
+                return
+            self.port = int(server.sockets[0].getsockname()[1])
+            ready.set()
+            loop.run_forever()
+            server.close()
+            loop.run_until_complete(server.wait_closed())
+            self.records.close()  # this thread's connection
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=serve, name="wl-mail-sink", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if failed:
+            raise failed[0]
+        return self
 
     def stop(self) -> None:
-        if self._controller is not None:
-            self._controller.stop()
-            self._controller = None
+        if self._thread is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = self._loop = None
         self.records.close()
 
     def __enter__(self) -> MailSink:

@@ -108,6 +108,10 @@ def audit(store: Store, jobs: Mapping[str, Job], where: AuditFilter | None = Non
 
 
 def _undecomposed(store: Store) -> Iterator[Finding]:
+    for run in store.runs_deferred(None, 1000):
+        yield Finding("not_decomposed", run.id, str(run.created_at),
+                      "a worker or the sweeper: takes it at once (recorded in a caller's "
+                      "transaction) and decomposes it from the retained payload", False)
     for run in store.runs_undecomposed(0.0):
         failures = decompose_failures(store, run)
         person = decomposer_needs_person(run.error, failures)

@@ -27,9 +27,10 @@ from operator import itemgetter
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
-from workledger.runtime.execute import run_batch, run_handler, to_finish
+from workledger.runtime.async_executor import AsyncExecutor
+from workledger.runtime.execute import run_batch, run_handler, run_unit_async, to_finish
 from workledger.runtime.executors import Executor
-from workledger.runtime.holder import Holder
+from workledger.runtime.holder import Holder, WorkReport
 from workledger.runtime.jobs import Job
 from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
 from workledger.storage.port import (
@@ -59,11 +60,13 @@ class Chunk:
     """The outcomes of one claimed chunk waiting to be written, and the leases still held."""
 
     def __init__(self, worker: Holder, executor: Executor, job: Job,
-                 items: list[ClaimedItem], processes: ProcessExecutor | None = None) -> None:
+                 items: list[ClaimedItem], processes: ProcessExecutor | None = None,
+                 coroutines: AsyncExecutor | None = None) -> None:
         self.worker = worker
         self.store: Store = worker.store
         self.executor = executor  # threads of this process
         self.processes = processes  # child processes, with `worker --processes N`
+        self.coroutines = coroutines  # the event loop, for async handlers
         self.job = job
         self.items = items
         self.run_id = items[0].run_id
@@ -85,7 +88,8 @@ class Chunk:
                 self.release([item.id])
             else:
                 self._run_alone(item)
-        singly = recorded | set(self.limits)
+        # a limited stage's outcomes are written as they come, so a cap's slot is freed soon
+        singly = recorded | set(self.limits) | self.job.limited_stages()
         self._run_pooled([i for i in normal if i.stage not in singly])
         self._run_singly([i for i in normal if i.stage in singly], recorded)
         self.flush()
@@ -108,11 +112,12 @@ class Chunk:
         # Handlers run in small slices, not one task per item: a task costs more than a no-op
         # handler, and a slice still leaves the other threads busy.
         tasks: Tasks = {}
-        for executor in (self.executor, self.processes):
+        for executor in (self.executor, self.processes, self.coroutines):
             mine = [i for i in items if executor is not None and self.executor_for(i) is executor]
             if executor is None or not mine:
                 continue
-            size = max(1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
+            size = 1 if executor is self.coroutines else max(  # a coroutine is cheap
+                1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
             tasks.update({self._submit(unit): unit for unit in self._units(mine, size)})
         self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
 
@@ -157,9 +162,14 @@ class Chunk:
         self.wait(running, lambda f, _: self._collect(f.result(), 1), after=feed)
 
     def executor_for(self, item: ClaimedItem) -> Executor:
-        """The child processes, if the worker has them and the stage does not ask for threads;
-        else this process's threads."""
-        if self.processes is None or self.job.stage_named(item.stage).executor == "thread":
+        """The event loop for an async stage; the child processes, if the worker has them and
+        the stage does not ask for threads; else this process's threads."""
+        where = self.job.stage_named(item.stage).executor
+        if where == "async":
+            if self.coroutines is None:  # the worker starts its loop for a job that has them
+                raise RuntimeError(f"stage {item.stage!r} is async and this chunk has no loop")
+            return self.coroutines
+        if self.processes is None or where == "thread":
             return self.executor
         return self.processes
 
@@ -179,7 +189,11 @@ class Chunk:
     def _submit(self, items: list[ClaimedItem]) -> Future[list[Ran]]:
         executor = self.executor_for(items[0])
         if isinstance(executor, ProcessExecutor):
-            return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id))
+            return executor.submit_slice(Slice(self.job.name, items, self.worker.worker_id,
+                                               bool(self._batch_of(items[0]))))
+        if self.coroutines is not None and executor is self.coroutines:
+            return self.coroutines.submit(lambda: run_unit_async(
+                self.job, items, self.worker.worker_id, lambda: self.worker.stopping))
         return executor.submit(lambda: self._run_slice(items))
 
     def _run_slice(self, items: list[ClaimedItem]) -> list[Ran]:
@@ -208,7 +222,8 @@ class Chunk:
             if outcome is None:
                 unstarted.append(item.id)
             elif isinstance(outcome, HolderLost):  # its process died while running it
-                self.worker.report.lost_processes += 1
+                with self.worker.count_lock:
+                    self.worker.report.lost_processes += 1
                 log.warning("run %s: item %s/%s (key %s): %s", item.run_id, item.stage,
                             item.seq, item.key, outcome.reason)
                 self.add(to_finish(self.job, item, self._vanished(item, outcome.reason),
@@ -298,7 +313,8 @@ class Chunk:
         outcome = self._vanished(item, f"timeout after {limit:g}s")
         self.add(to_finish(self.job, item, outcome, item.attempts + 1, self.worker.rng.random(),
                            charge))
-        self.worker.report.abandoned += 1
+        with self.worker.count_lock:
+            self.worker.report.abandoned += 1
         log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned, %s",
                     item.run_id, item.stage, item.seq, item.key, limit,
                     after_timeout(stage.idempotent,
@@ -315,7 +331,8 @@ class Chunk:
         if ids:
             n = self.store.items_release(LeaseParams(self.run_id, ids, self.token,
                                                      actor=self.worker.worker_id))
-            self.worker.report.released += n
+            with self.worker.count_lock:
+                self.worker.report.released += n
 
     def flush(self, start: Sequence[ClaimedItem] = ()) -> list[int]:
         """Write the outcomes gathered so far (and record the starts of ``start``, in the same
@@ -328,6 +345,8 @@ class Chunk:
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
                          start=[i.id for i in start], start_token=self.token))
         count(self.worker, self.run_id, finishes, result)
+        if result.applied and any(f.next_stage for f in finishes):
+            self.worker.nudge()  # their next stage's items are claimable: an idle lane looks
         return result.started
 
 
@@ -340,7 +359,12 @@ def after_timeout(idempotent: bool, last_attempt: bool) -> str:
 
 def count(worker: Holder, run_id: int, finishes: list[Finish], result: FinishResult) -> None:
     """Add a write's outcomes to the worker's report (and say when some were stale)."""
-    report = worker.report
+    with worker.count_lock:
+        _count(worker.report, run_id, finishes, result)
+
+
+def _count(report: WorkReport, run_id: int, finishes: list[Finish], result: FinishResult
+           ) -> None:
     report.stale += len(result.stale)
     if result.stale:
         log.warning("run %s: %d result(s) discarded as stale: their leases had been taken "

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from workledger.errors import UnknownJob
+from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
 from workledger.runtime.dispatch import DispatchOptions, Message, Outbox
 from workledger.runtime.executors import ThreadExecutor
@@ -53,6 +54,7 @@ class TaskHolder:
         self.worker_id = worker_id
         self.rng = rng
         self.clock: Callable[[], float] = time.monotonic
+        self.count_lock = threading.Lock()  # one chunk per holder, but the protocol asks
         self._late = late
         self._stop = stop
 
@@ -63,6 +65,10 @@ class TaskHolder:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def nudge(self) -> None:
+        """Items became claimable: a broker task has no idle lanes to wake; what its outcomes
+        made claimable is published instead (:class:`FollowUps`)."""
 
 
 class FollowUps:
@@ -128,16 +134,27 @@ class Delivery:
                                      lease=options.lease, timeout=options.timeout)
         self._lock = threading.Lock()
         self._pid = -1
+        self._loop: AsyncExecutor | None = None
         self.stop = threading.Event()  # set by an adapter whose worker is shutting down
 
     def _here(self) -> tuple[Store, ThreadExecutor, LateResults, str]:
         with self._lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
+                self._loop = None
                 self._state = (self._store(), ThreadExecutor(self.options.concurrency,
                                                              name="wl-task"),
                                LateResults(), new_worker_id())
             return self._state
+
+    def _loop_for(self, job: Job) -> AsyncExecutor | None:
+        """This process's event loop, started for the first job with async stages."""
+        if "async" not in job.executors(False):
+            return None
+        with self._lock:
+            if self._loop is None:
+                self._loop = AsyncExecutor(self.options.concurrency, name="wl-task-async")
+            return self._loop
 
     def run(self, body: Any) -> WorkReport:
         """Claim and run the items ``body`` names; what it did (nothing for a copy)."""
@@ -158,7 +175,7 @@ class Delivery:
         holder = TaskHolder(cast(Store, FollowUps(store, self.outbox, job, claimed)),
                             self.options, worker_id, random.Random(), late, self.stop)
         holder.report.claimed = len(claimed)
-        Chunk(holder, executor, job, claimed).process()
+        Chunk(holder, executor, job, claimed, coroutines=self._loop_for(job)).process()
         if executor.stuck > self.options.concurrency:
             log.error("%d handlers of this process are stuck past their time limit: restart "
                       "the broker worker", executor.stuck)

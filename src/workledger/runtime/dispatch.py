@@ -7,7 +7,7 @@ fresh token (``runtime/delivery.py``), so a copy of a message finds nothing to d
 delivered late or out of order runs nothing twice. What the broker loses, the ledger still owes:
 
 - **an outbox in the items.** Before a message is published, its items are marked as owed the
-  next one at a time (``wl_items.redispatch_at``, migration 0006): before a run is marked
+  next one at a time (``wl_items.redispatch_at``, migration 0007): before a run is marked
   decomposed for its first stage's rows (``DispatchingStore``), after a commit for the rows it
   made pending (a hand-off, a retry, a release). A process that dies between its commit and
   its publish (the failpoint ``dispatch.before_publish``) leaves its items owed, not lost.

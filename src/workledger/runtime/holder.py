@@ -5,6 +5,7 @@ chunk does not import the worker that imports it."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -74,7 +75,9 @@ class Holder(Protocol):
     worker_id: str
     rng: random.Random
     clock: Callable[[], float]
+    count_lock: threading.Lock  # held while the report is moved: chunks run side by side
     @property
     def late(self) -> Late: ...
+    def nudge(self) -> None: ...  # items became claimable: idle lanes of the worker look
     @property
     def stopping(self) -> bool: ...

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Iterable
@@ -11,17 +13,20 @@ from typing import Any, Protocol
 from workledger.core import limits
 from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
+from workledger.core.rates import Rate, parse_rate
 from workledger.core.retry import RetryPolicy
 from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import Unstorable, json_text
 from workledger.errors import BadInput, UsageError
 from workledger.runtime.results import Submission
+from workledger.storage.port import StageLimit
 
 
 class Submitter(Protocol):
     """What a job submits through: the :class:`workledger.Ledger` that defined it."""
 
-    def submit(self, job_name: str, payload: Any, key: str | None = None) -> Submission: ...
+    def submit(self, job_name: str, payload: Any, key: str | None = None,
+               conn: Any = None) -> Submission: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -36,8 +41,17 @@ class Stage:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     verify: Verify | None = None
     timeout: float | None = None  # seconds a handler (and the verify hook) may run
-    executor: str | None = None  # "thread" keeps it in the worker's threads; None: where it can
+    # "thread": the worker's threads; "async": its event loop (an async def handler);
+    # None: where it can (its child processes with --processes N, else its threads)
+    executor: str | None = None
     batch: int | None = None  # a batch handler: called with up to this many items at once
+    rate: Rate | None = None  # cluster-wide: items claimed per second at most (a token bucket)
+    burst: float = 1.0  # the bucket's size: tokens a claim may spend at once
+    max_in_flight: int | None = None  # cluster-wide: items claimed at once at most
+
+    @property
+    def limited(self) -> bool:
+        return self.rate is not None or self.max_in_flight is not None
 
     def limit(self, default: float | None) -> float | None:
         """Its time limit: its own, else the worker's default (``worker --timeout``)."""
@@ -71,8 +85,13 @@ class Job:
         self.on_complete_fn: Callable[[Any], Any] | None = None
 
     def decompose(self, fn: Decomposer) -> Decomposer:
-        """Register the function that turns a payload into items (it may yield millions)."""
-        _refuse_async(fn, f"job {self.name!r}: the decomposer")
+        """Register the function that turns a payload into items (it may yield millions).
+        A plain function or generator, never ``async def``: it runs inside ``submit``, which
+        may be called from any thread, an event loop's too."""
+        if _is_async(fn):
+            raise UsageError(f"job {self.name!r}: the decomposer is an async function; a "
+                             "decomposer runs inside submit and must be a plain function or "
+                             "generator that yields Item(...)")
         self.decomposer = fn
         return fn
 
@@ -89,13 +108,20 @@ class Job:
         timeout: float | None = None,
         executor: str | None = None,
         batch: int | None = None,
+        rate_limit: str | None = None,
+        burst: float | None = None,
+        max_in_flight: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it).
 
         ``executor``: where its handlers run best. ``"process"`` (the default when the worker
         has ``--processes N``): in the worker's child processes, for CPU-bound work;
         ``"thread"``: in the worker's own threads, for I/O-bound work or a handler that needs
-        the worker's memory.
+        the worker's memory; ``"async"`` (the default, and the only choice, for an ``async
+        def`` handler): on the worker's event loop, up to ``--concurrency`` coroutines at
+        once, in the worker process whatever ``--processes`` says. A time limit cancels an
+        async handler (it sees ``CancelledError``). A verify hook may be ``async def`` too: it
+        runs on an event loop of its own in the sweeper, as a plain hook would in its thread.
 
         ``batch``: the handler is called with a list of up to that many items of one run and
         one :class:`~workledger.BatchContext`, and returns a list of the same length whose
@@ -106,15 +132,24 @@ class Job:
         ``timeout``: seconds a handler may run. One still running then is abandoned: its item
         is settled as if its holder had vanished (idempotent: back to pending, an attempt
         charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
-        stale, and the verify hook is held to the same limit."""
+        stale, and the verify hook is held to the same limit.
+
+        ``rate_limit`` (``"50/s"``, ``"600/m"``, ``"1000/h"``) and ``max_in_flight``: limits a
+        downstream's plan sets, enforced by the ledger over every worker on every machine and
+        every run of the job. A token bucket of ``burst`` tokens (default 1) refilled at the
+        rate: in any window of one unit of the rate at most ``N + burst - 1`` items are claimed
+        (with the default burst, never more than ``N``); a larger burst lets a batch stage
+        fill its batches. ``max_in_flight``: at most that many of its items claimed at once."""
         _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
+        rate, burst = _check_limits(f"job {self.name!r}, stage {name!r}", rate_limit, burst,
+                                    max_in_flight)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
                                   or not 1 <= batch <= limits.CHUNK_MAX):
             raise UsageError(f"job {self.name!r}, stage {name!r}: batch must be a whole number "
                              f"from 1 to {limits.CHUNK_MAX:,}, not {batch!r}")
-        if executor not in (None, "thread", "process"):
-            raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread' or "
-                             f"'process', not {executor!r}")
+        if executor not in (None, "thread", "process", "async"):
+            raise UsageError(f"job {self.name!r}, stage {name!r}: executor must be 'thread', "
+                             f"'process' or 'async', not {executor!r}")
         problem = text_problem("stage name", name, NAME_BYTES)
         if problem is not None:
             raise UsageError(f"job {self.name!r}: {problem}")
@@ -127,12 +162,12 @@ class Job:
             raise UsageError(f"stage {name!r} must be declared right after stage {after!r}")
         policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay)
         if verify is not None:
-            _refuse_async(verify, f"job {self.name!r}, stage {name!r}: the verify hook")
+            verify = _plain(verify, f"job {self.name!r}, stage {name!r}: the verify hook")
 
         def register(fn: Handler) -> Handler:
-            _refuse_async(fn, f"job {self.name!r}, stage {name!r}: the handler")
-            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout,
-                                     None if executor == "process" else executor, batch))
+            runs_on = _executor_of(fn, executor, f"job {self.name!r}, stage {name!r}")
+            self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout, runs_on,
+                                     batch, rate, burst, max_in_flight))
             self._after.clear()
             return fn
 
@@ -145,12 +180,12 @@ class Job:
         """Register the closing hook, called once with the run's ``RunStatus`` when every unit
         is terminal. It is a ledger entry of its own: retried like an item when it raises, and
         re-run if its process dies inside it, so it should be idempotent. ``timeout``: seconds
-        it may run before that attempt counts as failed (and is retried)."""
+        it may run before that attempt counts as failed (and is retried). It may be ``async
+        def``: each call runs on an event loop of its own in the sweeper."""
         _check_timeout(timeout, f"job {self.name!r}, the closing hook")
 
         def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
-            _refuse_async(hook, f"job {self.name!r}: the closing hook")
-            self.on_complete_fn = hook
+            self.on_complete_fn = _plain(hook, f"job {self.name!r}: the closing hook")
             policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
             self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None, timeout)
             return hook
@@ -185,14 +220,35 @@ class Job:
         limits = {s.name: s.limit(default) for s in self.stages}
         return {name: t for name, t in limits.items() if t is not None}
 
+    def executors(self, processes: bool) -> frozenset[str]:
+        """Where its handlers run (``"thread"``, ``"process"``, ``"async"``) in a worker with
+        handler processes or without: what the worker starts for it."""
+        return frozenset(s.executor or ("process" if processes else "thread")
+                         for s in self.stages)
+
     def recorded_stages(self) -> frozenset[str]:
         """The stages whose starts a worker records before their handlers run: those that are
         not idempotent, where a worker that dies leaves in doubt only what had started."""
         return frozenset(s.name for s in self.stages if not s.idempotent)
 
-    def submit(self, payload: Any, key: str | None = None) -> Submission:
-        """Record a run (idempotently, by ``key``), decompose it, and report its real state."""
-        return self.ledger.submit(self.name, payload, key=key)
+    def claim_plan(self) -> tuple[tuple[str, ...], tuple[StageLimit, ...]]:
+        """How a worker claims this job's items: ``((), ())`` when no stage is limited (one
+        claim over every stage, in id order); else stage by stage, the last stage first (a
+        unit further along is finished first), with the limited stages' limits."""
+        limits = tuple(StageLimit(s.name, s.rate.per_second if s.rate else None, s.burst,
+                                  s.max_in_flight) for s in self.stages if s.limited)
+        if not limits:
+            return (), ()
+        return tuple(s.name for s in reversed(self.stages)), limits
+
+    def limited_stages(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.stages if s.limited)
+
+    def submit(self, payload: Any, key: str | None = None, conn: Any = None) -> Submission:
+        """Record a run (idempotently, by ``key``), decompose it, and report its real state.
+        ``conn``: record it in the caller's open transaction instead, decomposed after the
+        commit (:meth:`workledger.Ledger.submit`)."""
+        return self.ledger.submit(self.name, payload, key=key, conn=conn)
 
     def check_ready(self) -> None:
         if self.decomposer is None:
@@ -207,15 +263,64 @@ def _check_timeout(timeout: float | None, what: str) -> None:
         raise UsageError(f"{what}: timeout must be a number of seconds above 0, at most a day")
 
 
-def _refuse_async(fn: Any, what: str) -> None:
-    """An ``async def`` function would return an unawaited coroutine for every item: refuse it
-    where it is declared, not when each item fails."""
-    call = inspect.getattr_static(type(fn), "__call__", None)  # an object with async __call__
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call) \
-            or inspect.isasyncgenfunction(fn):
-        raise UsageError(f"{what} is an async function; workledger runs plain functions only "
-                         "(async handlers are not supported yet): wrap it, e.g. "
-                         "lambda item, ctx: asyncio.run(handler(item, ctx))")
+def _check_limits(what: str, rate_limit: str | None, burst: float | None,
+                  max_in_flight: int | None) -> tuple[Rate | None, float]:
+    """The parsed rate and the bucket's size; UsageError for a limit that cannot be met."""
+    try:
+        rate = None if rate_limit is None else parse_rate(rate_limit)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    if burst is not None and (rate is None or isinstance(burst, bool)
+                              or not isinstance(burst, int | float)
+                              or not 1 <= burst <= limits.CHUNK_MAX):
+        raise UsageError(f"{what}: burst goes with a rate_limit and must be a number from 1 to "
+                         f"{limits.CHUNK_MAX:,}, not {burst!r}")
+    if max_in_flight is not None and (isinstance(max_in_flight, bool)
+                                      or not isinstance(max_in_flight, int)
+                                      or not 1 <= max_in_flight <= limits.ID_MAX):
+        raise UsageError(f"{what}: max_in_flight must be a whole number of at least 1, not "
+                         f"{max_in_flight!r}")
+    return rate, float(burst or 1)
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _executor_of(fn: Any, asked: str | None, what: str) -> str | None:
+    """Where a handler runs: ``"async"`` for an ``async def`` one, else what was asked
+    (``"process"`` is None: it is where a handler runs when the worker has processes)."""
+    if inspect.isasyncgenfunction(fn):
+        raise UsageError(f"{what}: the handler is an async generator; a handler returns one "
+                         "result (or raises): make it an async def that returns")
+    if _is_async(fn):
+        if asked not in (None, "async"):
+            raise UsageError(f"{what}: the handler is an async function, which runs on the "
+                             f"worker's event loop (executor='async'), not executor={asked!r}")
+        return "async"
+    if asked == "async":
+        raise UsageError(f"{what}: executor='async' needs an async def handler, and "
+                         f"{getattr(fn, '__name__', type(fn).__name__)} is a plain function")
+    return None if asked == "process" else asked
+
+
+def _plain(hook: Any, what: str) -> Any:
+    """A hook the sweeper can call as a plain function: an ``async def`` one runs to its end
+    on an event loop of its own at each call (``asyncio.run``), in the sweeper's thread (or
+    the thread that holds it to its time limit), never on the worker's loop."""
+    if inspect.isasyncgenfunction(hook):
+        raise UsageError(f"{what} is an async generator; a hook returns its answer: make it "
+                         "an async def that returns")
+    if not _is_async(hook):
+        return hook
+
+    @functools.wraps(hook)
+    def run(*args: Any) -> Any:
+        return asyncio.run(hook(*args))
+
+    return run
 
 
 def _unbound_closing(item: Any, ctx: Any) -> Any:

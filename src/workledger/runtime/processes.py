@@ -55,6 +55,7 @@ class Slice:
     job: str
     items: Sequence[ClaimedItem]
     worker_id: str
+    batch: bool = False  # one call of a batch handler for all the items
 
 
 Ran = tuple[ClaimedItem, "Outcome | HolderLost | None"]  # None: never started
@@ -110,10 +111,8 @@ def _child_main(app: str, conn: Connection) -> None:
         job = jobs[task.job]
         try:
             first = job.stage_named(task.items[0].stage)
-            if first.batch:  # one call for the batch, then every outcome
-                for index, outcome in enumerate(run_batch(job, first, task.items,
-                                                          task.worker_id)):
-                    conn.send(("outcome", (index, outcome)))
+            if first.batch:  # one call for the batch, then its outcomes in one message
+                conn.send(("outcomes", run_batch(job, first, task.items, task.worker_id)))
             for index, item in enumerate([] if first.batch else task.items):
                 stage = job.stage_named(item.stage)
                 outcome = run_handler(job, stage, item, item.attempts + 1, task.worker_id)
@@ -124,12 +123,19 @@ def _child_main(app: str, conn: Connection) -> None:
 
 
 class _Child:
+    """One handler process. Started at once; :meth:`ready` waits for it to have imported the
+    app, so that several children import theirs side by side."""
+
     def __init__(self, app: str, name: str) -> None:
         ctx = multiprocessing.get_context("spawn")
+        self.app = app
         self.conn, theirs = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(app, theirs), name=name, daemon=True)
         self.proc.start()
         theirs.close()
+
+    def ready(self) -> _Child:
+        app = self.app
         if not self.conn.poll(START_TIMEOUT):
             self.kill()
             raise AppError(f"a handler process did not start within {START_TIMEOUT:g}s")
@@ -140,6 +146,7 @@ class _Child:
         if kind != "ready":
             self.kill()
             raise AppError(f"a handler process cannot load the app {app!r}: {detail}")
+        return self
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -175,7 +182,13 @@ class ProcessExecutor(TaskBook):
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._tasks: dict[Future[Any], _Task] = {}
         self._lock = threading.Lock()
-        children = [_Child(app, f"wl-process-{i + 1}") for i in range(size)]
+        started = [_Child(app, f"wl-process-{i + 1}") for i in range(size)]
+        try:
+            children = [child.ready() for child in started]
+        except BaseException:
+            for child in started:
+                child.kill()
+            raise
         self._threads = [threading.Thread(target=self._feed, args=(c,), daemon=True,
                                           name=f"wl-process-feed-{i + 1}")
                          for i, c in enumerate(children)]
@@ -236,7 +249,8 @@ class ProcessExecutor(TaskBook):
             child.conn.send(task.work)
             while True:
                 if task.abandoned:
-                    return self._lost(items, outcomes, "killed at its time limit"), False
+                    return self._lost(items, outcomes, "killed at its time limit",
+                                      task.work.batch), False
                 if not child.conn.poll(POLL):
                     if not child.proc.is_alive():
                         break
@@ -244,26 +258,32 @@ class ProcessExecutor(TaskBook):
                 kind, detail = child.conn.recv()
                 if kind == "end":
                     return list(zip(items, outcomes, strict=True)), True
+                if kind == "outcomes":  # a batch's, all at once
+                    outcomes[:] = detail
+                    continue
                 index, outcome = detail
                 outcomes[index] = outcome
         except (EOFError, OSError):
             pass
         child.proc.join(1)
         reason = f"its process died (exit code {child.proc.exitcode})"
-        return self._lost(items, outcomes, reason), False
+        return self._lost(items, outcomes, reason, task.work.batch), False
 
     @staticmethod
-    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str) -> list[Ran]:
-        """The first item without an outcome was running: it is lost; the rest never ran."""
+    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str,
+              batch: bool = False) -> list[Ran]:
+        """The first item without an outcome was running: it is lost; the rest never ran. In a
+        batch, one call held every item: each one without an outcome is lost."""
         ran: list[Ran] = []
         running = next((i for i, o in enumerate(outcomes) if o is None), None)
         for i, (item, outcome) in enumerate(zip(items, outcomes, strict=True)):
-            ran.append((item, HolderLost(reason) if i == running else outcome))
+            lost = outcome is None and (batch or i == running)
+            ran.append((item, HolderLost(reason) if lost else outcome))
         return ran
 
     def _replace(self, dead: _Child) -> _Child:
         while True:
             try:
-                return _Child(self.app, dead.proc.name)
+                return _Child(self.app, dead.proc.name).ready()
             except AppError:
                 time.sleep(1.0)  # the app failed to import now: try again, do not spin

@@ -37,6 +37,7 @@ from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.core.text import Unstorable, json_text, reason_text
 from workledger.errors import DatabaseUnavailable, DecompositionFailed, WorkledgerError
 from workledger.runtime.decompose import decompose
+from workledger.runtime.deferred import take_deferred
 from workledger.runtime.execute import (
     context_for,
     run_handler,
@@ -106,6 +107,7 @@ class SweepReport:
     verified: int = 0
     closed: int = 0
     closing_failed: int = 0
+    deferred: int = 0  # deferred runs taken and decomposed (runtime/deferred.py)
     redispatched: int = 0  # items whose messages were overdue, published again (a broker)
 
 
@@ -150,6 +152,11 @@ class Sweeper:
     # -- runs never decomposed ---------------------------------------------------------------
 
     def _redecompose(self, report: SweepReport) -> None:
+        # runs recorded in a caller's transaction first: nobody else decomposes them, so no
+        # grace (unless a worker took them already)
+        taken, failed = take_deferred(self.store, self.jobs, self.actor)
+        report.deferred += taken
+        report.decomposition_errors += failed
         for run in self.store.runs_undecomposed(self.grace, self.backoff):
             job = self.jobs.get(run.job)
             if job is None or (run.error or "").startswith(PERMANENT_DECOMPOSITION):

@@ -22,10 +22,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
+from workledger.core.limits import CHUNK_MAX
+from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
+from workledger.runtime.deferred import take_deferred
 from workledger.runtime.executors import Executor, ThreadExecutor
 from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job
+from workledger.runtime.lanes import Lane, Nudge
 from workledger.runtime.patience import MAX_DELAY
 from workledger.runtime.processes import ProcessExecutor
 from workledger.runtime.sweeper import Sweeper, SweepLoop, SweepReport
@@ -34,6 +38,9 @@ from workledger.storage.port import ClaimedItem, ClaimParams, Store
 log = logging.getLogger("workledger.worker")
 
 STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
+NUDGE_CHECK = 0.02  # the same while another lane or a chunk of its own may nudge it
+LIMITED_POLL = 0.1  # seconds between claims while a capped stage is full (no rate to go by)
+MIN_POLL = 0.005  # seconds: the shortest wait between claims of a rate-limited stage
 
 
 def new_worker_id() -> str:
@@ -64,15 +71,18 @@ class Worker:
         self.on_progress = on_progress
         self.report = WorkReport()
         self._stop = threading.Event()
-        self._cursor: dict[int, int] = {}
         self._runs: list[tuple[int, str]] = []
         self._runs_at = -1e9
-        self._turn = 0
-        self._count_lock = threading.Lock()
+        self.count_lock = threading.Lock()  # the report, moved by every lane's chunks
+        self._nudge = Nudge()
+        self._lanes_done = threading.Event()
+        self.lanes: list[Lane] = []
+        self.threads = ThreadExecutor(0)  # made with its size when the worker runs
         self._logged_at = clock()
         self._logged: dict[str, int] = {}
         self.late = LateResults()  # results of handlers abandoned past their time limit
         self.processes: ProcessExecutor | None = None  # with options.processes > 1
+        self.coroutines: AsyncExecutor | None = None  # for jobs with async stages
 
     # -- control ---------------------------------------------------------------------------
 
@@ -88,7 +98,12 @@ class Worker:
         opts = self.options
         self.processes = (ProcessExecutor(opts.processes, opts.app)
                           if opts.processes > 1 and opts.app else None)
-        executor = ThreadExecutor(opts.concurrency)
+        where = frozenset().union(*(j.executors(opts.processes > 1) for j in self.jobs.values()))
+        # threads only where a stage runs in them (one idle thread otherwise), and the event
+        # loop only for async stages: --concurrency 200 for async handlers starts no 200 threads
+        self.threads = ThreadExecutor(opts.concurrency if "thread" in where else 1)
+        self.coroutines = AsyncExecutor(opts.concurrency) if "async" in where else None
+        lanes = self.lanes = self._lanes()
         sweeps = self._sweep_loop()
         log.info("worker %s: started%s: jobs %s; concurrency %d, chunk %d, lease %gs%s",
                  self.worker_id, f" on {self.where}" if self.where else "",
@@ -98,52 +113,142 @@ class Worker:
         if self.processes is not None:
             log.info("worker %s: %d handler processes importing %s", self.worker_id,
                      opts.processes, opts.app)
+        others = [threading.Thread(target=self._lane_loop, args=(lane,), daemon=True,
+                                   name=f"wl-lane-{lane.name}") for lane in lanes[1:]]
         try:
             if sweeps is not None:
                 sweeps.start()
-            self._loop(executor, sweeps)
+            for thread in others:
+                thread.start()
+            self._loop(lanes[0], sweeps)
         finally:
+            self._lanes_done.set()
+            self.nudge()
+            for thread in others:
+                thread.join(120)
+            for lane in lanes:
+                lane.join()
             if sweeps is not None:
                 sweeps.stop()
-            executor.shutdown()
+            self.threads.shutdown()
+            if self.coroutines is not None:
+                self.coroutines.shutdown()
             if self.processes is not None:
                 self.processes.shutdown()
+        for lane in lanes:
+            lane.raise_failure()
         log.info("worker %s: stopped: %s", self.worker_id, _summary(self.report))
         return self.report
 
-    def _loop(self, executor: Executor, sweeps: SweepLoop | None) -> None:
+    def _lanes(self) -> list[Lane]:
+        """One lane per kind of executor the stages run in (runtime/lanes.py); the handler
+        processes' lane keeps two chunks in flight."""
+        places: dict[str, Executor | None] = {
+            "process": self.processes, "async": self.coroutines, "thread": self.threads}
+        kinds: dict[str, set[tuple[str, str]]] = {}
+        for job in self.jobs.values():
+            for stage in job.stages:
+                kind = stage.executor or ("process" if self.processes else "thread")
+                kinds.setdefault(kind, set()).add((job.name, stage.name))
+        lanes = []
+        for kind in (k for k in ("process", "async", "thread") if k in kinds):
+            executor = places[kind] or self.threads
+            lanes.append(Lane(kind, executor, frozenset(kinds[kind]) if len(kinds) > 1 else None,
+                              depth=2 if kind == "process" else 1))
+        return lanes or [Lane("thread", self.threads)]
+
+    def nudge(self) -> None:
+        """Work may be claimable (a chunk handed items on, a chunk ended): idle lanes look."""
+        self._nudge()
+
+    def _stuck(self) -> bool:
+        stuck = max(self.threads.stuck, self.coroutines.stuck if self.coroutines else 0)
+        if stuck <= self.options.concurrency:
+            return False
+        self.report.stuck = True
+        log.error("worker %s: %d handlers are stuck past their time limit, more than its "
+                  "concurrency of %d: it stops claiming and exits so that a supervisor "
+                  "restarts it", self.worker_id, stuck, self.options.concurrency)
+        return True
+
+    def _loop(self, lane: Lane, sweeps: SweepLoop | None) -> None:
+        """The first lane's loop, in the worker's own thread: it also writes late results,
+        logs, and decides when the worker is idle for good."""
         while not self._stop.is_set():
             self.late.write(self)
-            if executor.stuck > self.options.concurrency:
-                self.report.stuck = True
-                log.error("worker %s: %d handlers are stuck past their time limit, more than "
-                          "its %d threads: it stops claiming and exits so that a supervisor "
-                          "restarts it", self.worker_id, executor.stuck,
-                          self.options.concurrency)
+            for each in self.lanes:
+                each.raise_failure()
+            if self._stuck():
                 return
             self._log_progress()
-            chunk = self._claim_next()
-            if chunk:
-                self._process(chunk, executor)
+            if self._step(lane):
                 continue
-            if self.options.until_idle and self._idle_for_good(sweeps):
+            if self.options.until_idle and not self._busy() and self._idle_for_good(sweeps):
                 return
-            self._idle_wait()
+            self._idle_wait(lane, first=True)
 
-    def _idle_wait(self) -> None:
-        """Wait until work may be there: woken by the store (new or redriven work), by the
+    def _lane_loop(self, lane: Lane) -> None:
+        """Another lane's loop, in a thread of its own, until the first lane's loop ends."""
+        try:
+            while not (self._stop.is_set() or self._lanes_done.is_set()):
+                if not self._step(lane):
+                    self._idle_wait(lane, first=False)
+        except BaseException as exc:  # raised by the first lane's loop
+            lane.failure = exc
+            self.nudge()
+
+    def _step(self, lane: Lane) -> bool:
+        """Claim and start a chunk if the lane has room (True), or wait a moment for room."""
+        if not lane.room:
+            seen = self._nudge.generation
+            lane.raise_failure()
+            if lane.busy:
+                self._nudge.wait(seen, STOP_CHECK)
+            return True
+        chunk = self._claim_next(lane)
+        if not chunk:
+            return False
+        lane.run(lambda: self._process(chunk), self.nudge)
+        return True
+
+    def _busy(self) -> bool:
+        return any(lane.busy for lane in self.lanes)
+
+    def _idle_wait(self, lane: Lane, first: bool) -> None:
+        """Wait until work may be there: woken by the store (new or redriven work; the first
+        lane listens, and nudges the others), by a nudge from this worker's own chunks, by the
         earliest retry coming due, or after the poll interval; a stop ends it at once."""
         opts = self.options
         poll = opts.idle_poll if self.store.wakes_other_processes else opts.poll
+        poll = min(poll, self._limited_poll())
         due = self._next_due()
         deadline = self.clock() + (poll if due is None else max(0.0, min(poll, due)))
-        while not self._stop.is_set():
+        step = STOP_CHECK if len(self.lanes) == 1 and not lane.busy else NUDGE_CHECK
+        while not (self._stop.is_set() or self._lanes_done.is_set()):
             left = deadline - self.clock()
-            if left <= 0:
+            if left <= 0 or self._nudge.generation != lane.seen:
+                lane.seen = self._nudge.generation
                 return
-            if self.store.wait_for_work(min(left, STOP_CHECK)):
+            if not first:
+                self._nudge.wait(lane.seen, min(left, STOP_CHECK))
+            elif self.store.wait_for_work(min(left, step)):
                 self._runs_at = -1e9  # a new run, perhaps: look for it now
+                self.nudge()  # and the other lanes with it
+                lane.seen = self._nudge.generation
                 return
+
+    def _limited_poll(self) -> float:
+        """How soon to look again when a limited stage may be what held the claim back: about
+        when its bucket holds a token again (nothing wakes a worker for that), or soon after
+        an item of a capped stage may have finished elsewhere."""
+        soonest = float("inf")
+        for _, name in self._runs:
+            for stage in self.jobs[name].stages:
+                if stage.rate is not None:
+                    soonest = min(soonest, 1.0 / stage.rate.per_second)
+                elif stage.max_in_flight is not None:
+                    soonest = min(soonest, LIMITED_POLL)
+        return max(MIN_POLL, soonest)
 
     def _next_due(self) -> float | None:
         """Seconds until the earliest backed-off retry of the active runs comes due."""
@@ -166,7 +271,7 @@ class Worker:
         return SweepLoop(self.sweeper, self.store, every, self._swept, quiet)
 
     def _swept(self, report: SweepReport) -> None:
-        with self._count_lock:
+        with self.count_lock:
             self.report.reclaimed += report.to_pending + report.to_unknown
 
     def _log_progress(self) -> None:
@@ -186,35 +291,64 @@ class Worker:
 
     def _active_runs(self, refresh: bool = False) -> list[tuple[int, str]]:
         if refresh or self.clock() - self._runs_at > 1.0:
+            # runs recorded in a caller's transaction wait for a decomposer: this worker, at
+            # once, if it is the first to see one (the others then claim its items)
+            take_deferred(self.store, self.jobs, self.worker_id)
             self._runs = self.store.runs_claimable(sorted(self.jobs))
             self._runs_at = self.clock()
         return self._runs
 
-    def _claim_next(self) -> list[ClaimedItem]:
+    def _claim_next(self, lane: Lane) -> list[ClaimedItem]:
         """Claim from the active runs in turn, so a small run is not stuck behind a big one."""
         runs = self._active_runs()
         for i in range(len(runs)):
-            run_id, job = runs[(self._turn + i) % len(runs)]
-            chunk = self._claim_from(run_id, self.jobs[job])
+            run_id, job = runs[(lane.turn + i) % len(runs)]
+            chunk = self._claim_from(run_id, self.jobs[job], lane)
             if chunk:
-                self._turn = (self._turn + i + 1) % len(runs)
+                lane.turn = (lane.turn + i + 1) % len(runs)
                 return chunk
         self._runs_at = -1e9  # nothing anywhere: look for new runs next time
         return []
 
-    def _claim_from(self, run_id: int, job: Job) -> list[ClaimedItem]:
-        params = ClaimParams(run_id=run_id, limit=self.options.chunk,
+    def _claim_from(self, run_id: int, job: Job, lane: Lane) -> list[ClaimedItem]:
+        stages, limits = job.claim_plan()
+        if lane.stages is not None:  # this lane's stages only, one statement each
+            stages = tuple(s for s in stages or tuple(st.name for st in reversed(job.stages))
+                           if lane.claims(job.name, s))
+            limits = tuple(limit for limit in limits if limit.stage in stages)
+            if not stages:
+                return []
+        if stages:  # a job with limited stages: stage by stage, each bucket and cap honoured
+            chunk = self.store.items_claim(ClaimParams(
+                run_id=run_id, limit=self._claim_size(job), lease_seconds=self.options.lease,
+                actor=self.worker_id, record_event=job.full_history, job=job.name,
+                stages=stages, limits=limits))
+            self._counted("claimed", len(chunk))
+            return chunk
+        params = ClaimParams(run_id=run_id, limit=self._claim_size(job),
                              lease_seconds=self.options.lease, actor=self.worker_id,
-                             record_event=job.full_history, after_id=self._cursor.get(run_id, 0))
+                             record_event=job.full_history, after_id=lane.cursor.get(run_id, 0))
         chunk = self.store.items_claim(params)
         if not chunk and params.after_id:
             # one sweep from the start picks up retries and reclaimed rows behind the cursor
             chunk = self.store.items_claim(
                 ClaimParams(run_id, params.limit, params.lease_seconds, 0, params.actor,
                             params.record_event))
-        self._cursor[run_id] = chunk[-1].id if chunk else 0
-        self.report.claimed += len(chunk)
+        lane.cursor[run_id] = chunk[-1].id if chunk else 0
+        self._counted("claimed", len(chunk))
         return chunk
+
+    def _counted(self, what: str, n: int) -> None:
+        with self.count_lock:
+            setattr(self.report, what, getattr(self.report, what) + n)
+
+    def _claim_size(self, job: Job) -> int:
+        """``--chunk``; for a job with async stages at least ``--concurrency``: a claim smaller
+        than the tasks that may run at once would leave the loop short of work."""
+        opts = self.options
+        if opts.concurrency > opts.chunk and "async" in job.executors(opts.processes > 1):
+            return min(opts.concurrency, CHUNK_MAX)
+        return opts.chunk
 
     def _idle_for_good(self, sweeps: SweepLoop | None) -> bool:
         """Nothing is claimable now and nothing will become so without a person."""
@@ -231,9 +365,10 @@ class Worker:
 
     # -- processing ------------------------------------------------------------------------
 
-    def _process(self, chunk: list[ClaimedItem], executor: Executor) -> None:
-        Chunk(self, executor, self._job_of(chunk[0].run_id), chunk, self.processes).process()
-        self.report.chunks += 1
+    def _process(self, chunk: list[ClaimedItem]) -> None:
+        Chunk(self, self.threads, self._job_of(chunk[0].run_id), chunk, self.processes,
+              self.coroutines).process()
+        self._counted("chunks", 1)
         if self.on_progress:
             self.on_progress(self.report)
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from operator import attrgetter, itemgetter
 from typing import Any
 
 from workledger.core.states import AWAITING_VERIFY
 from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
-from workledger.errors import UnknownRun
+from workledger.errors import StorageError, UnknownRun, UsageError
 from workledger.storage import common
-from workledger.storage.dialect import C
+from workledger.storage.dialect import C, Connection
 from workledger.storage.dispatching import Dispatching
+from workledger.storage.limited import StageLimits
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
     ClaimedItem,
@@ -48,12 +50,14 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Overview[C], Dispatching[C]):
+class LedgerStore(Overview[C], StageLimits[C], Dispatching[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
+        if self._up_to_date():
+            return []
         applied: list[int] = []
         with self._tx() as conn:
             done = self._versions(conn)
@@ -62,6 +66,16 @@ class LedgerStore(Overview[C], Dispatching[C]):
                     self._apply(conn, version, sql)
                     applied.append(version)
         return applied
+
+    def _up_to_date(self) -> bool:
+        """Every migration applied, read without a write transaction: opening a ledger whose
+        schema is current takes no lock, so it never waits on a caller's open SQLite write
+        transaction (a submit inside it opens the ledger first)."""
+        try:
+            found = self._read_tuples("SELECT version FROM wl_schema_version", {})
+        except StorageError:  # no version table yet
+            return False
+        return {int(r[0]) for r in found} >= {v for v, _n, _s in migrations(self.dialect)}
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -88,6 +102,50 @@ class LedgerStore(Overview[C], Dispatching[C]):
         if inserted is not None:
             common.failpoint("submit.after_commit")
         return self._run(row), inserted is not None
+
+    # -- submitting inside the caller's transaction (docs/design.md) ---------------------------
+
+    _same: tuple[Any, ...] | None = None  # this ledger's identity (``_identity``), once read
+
+    def run_submit_in(self, conn: Any, new: NewRun) -> tuple[RunRow, bool]:
+        """Only the run row (marked deferred) and its ``submitted`` event, on the caller's
+        connection: a large payload's items are written after the commit, by whoever takes
+        the run (``run_take_deferred``), so they never hold the caller's transaction open."""
+        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
+                  "tolerate": new.tolerate}
+        with self._foreign_tx(conn) as theirs:
+            inserted = theirs.execute(self.Q["run_insert_deferred"], params).fetchone()
+            row = self._first(theirs.execute(self.Q["run_by_key_in"], params).fetchall())
+            if inserted is not None:
+                theirs.execute(self.Q["events_add"], common.run_event(
+                    row["id"], "submitted", None, key=new.idempotency_key, deferred=True))
+        # the caller's driver decodes JSON its own way: the payload was read as text
+        run = replace(self._run(row), payload=common.loads(row["payload_text"]))
+        return run, inserted is not None
+
+    def _check_same_ledger(self, theirs: Connection) -> None:
+        """``UsageError`` unless the caller's connection is on this ledger (``_foreign_tx``)."""
+        found, where = self._identity(theirs)
+        if found == self._same:
+            return
+        with self._reader() as own:  # read again: a restarted server is the same ledger
+            self._same, mine = self._identity(own)
+        if found != self._same:
+            other = " (another server)" if where == mine else ""
+            raise UsageError(
+                f"the connection is not on this ledger's database: it is on {where}, the "
+                f"ledger on {mine}{other}; pass a connection to the ledger's database (the "
+                "same file; on PostgreSQL the same database and schema)")
+
+    def runs_deferred(self, jobs: Sequence[str] | None, limit: int = 100) -> list[RunRow]:
+        rows = self._read(self.Q["runs_deferred"], {
+            "jobs": None if jobs is None else self._list(jobs), "limit": limit})
+        return [self._run(r) for r in rows]
+
+    def run_take_deferred(self, run_id: int) -> RunRow | None:
+        with self._tx() as conn:
+            row = conn.execute(self.Q["run_take_deferred"], {"run_id": run_id}).fetchone()
+        return None if row is None else self._run(row)
 
     def run_get(self, run_id: int) -> RunRow | None:
         rows = self._read(self.Q["run_get"], {"run_id": run_id})
@@ -253,17 +311,21 @@ class LedgerStore(Overview[C], Dispatching[C]):
 
     def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
         with self._tx() as conn:
-            rows = self._tuples(conn, self.Q["items_claim"], {
-                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "after_id": params.after_id, "limit": params.limit,
-                "closing": params.closing,
-                **self._lease_token(conn)})
+            if params.stages:
+                rows = self._claim_by_stage(conn, params)
+            else:
+                rows = self._tuples(conn, self.Q["items_claim"], {
+                    "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                    "after_id": params.after_id, "limit": params.limit,
+                    "closing": params.closing,
+                    **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed:
                 self._lease_token_taken(conn)
             if params.record_event and claimed:
-                self._many(conn, self.Q["events_add"],
-                           common.claim_events(claimed, params.actor))
+                # a limited claim's events carry the time its buckets were spent
+                events = self.Q["events_add_now"] if params.stages else self.Q["events_add"]
+                self._many(conn, events, common.claim_events(claimed, params.actor))
             if claimed:
                 self._count(conn, params.run_id, common.Tally.moves(
                     map(itemgetter(2), rows), "pending", "claimed"))

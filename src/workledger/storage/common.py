@@ -25,6 +25,7 @@ from workledger.storage.port import (
     RunRow,
     Settle,
     SettleParams,
+    StageLimit,
 )
 
 failpoint = failpoints.hit
@@ -36,6 +37,13 @@ def loads(text: Any) -> Any:
     if text is None or not isinstance(text, str | bytes):
         return text
     return read_json(text)
+
+
+def kind_of(value: object) -> str:
+    """A value's type as a person would look it up: ``sqlite3.Connection``."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
 
 
 def split_statements(sql: str) -> list[str]:
@@ -296,6 +304,12 @@ def claimed_items(rows: Sequence[Any], decode: bool) -> list[ClaimedItem]:
         items = list(map(make, rows))
     items.sort(key=itemgetter(0))
     return items
+
+
+def limit_params(job: str, limit: StageLimit) -> dict[str, Any]:
+    """The parameters naming a limited stage's bucket and what is declared for it."""
+    return {"job": job, "stage": limit.stage, "rate": limit.rate, "burst": limit.burst,
+            "max_in_flight": limit.max_in_flight}
 
 
 def claim_events(items: Iterable[ClaimedItem], actor: str) -> list[dict[str, Any]]:

@@ -100,6 +100,22 @@ class Dialect(ABC, Generic[C]):
     def _insert_items(self, conn: C, rows: Any) -> int:
         """``items_insert`` the shaped rows; how many were new."""
 
+    # -- the caller's connection (submit inside the caller's transaction) ---------------------
+
+    @abstractmethod
+    def _foreign_tx(self, conn: Any) -> AbstractContextManager[Connection]:
+        """The caller's open connection, checked (this driver's, in a transaction the caller
+        will end, on this ledger's database: ``UsageError`` otherwise) and wrapped so that its
+        rows read by column name, inside a savepoint: released when the block ends (nothing is
+        committed: that is the caller's), rolled back to when it raises, so a failure leaves
+        nothing in the caller's transaction. Where the database can, idle workers are woken
+        when (and only if) the caller commits."""
+
+    @abstractmethod
+    def _identity(self, conn: Connection) -> tuple[tuple[Any, ...], str]:
+        """Which ledger ``conn`` is on: a key, equal for connections on the same ledger, and
+        how to name it in a message."""
+
     # -- parameters and values ---------------------------------------------------------------
 
     @abstractmethod

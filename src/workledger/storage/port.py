@@ -61,6 +61,18 @@ class ItemsInsert:
 
 
 @dataclass(frozen=True)
+class StageLimit:
+    """A stage's cluster-wide limits (``@job.stage(rate_limit=..., max_in_flight=...)``): a
+    token bucket of ``burst`` tokens refilled at ``rate`` a second (None: no rate), and at most
+    ``max_in_flight`` of its items claimed at once (None: no cap), over every run of the job."""
+
+    stage: str
+    rate: float | None
+    burst: float
+    max_in_flight: int | None
+
+
+@dataclass(frozen=True)
 class ClaimParams:
     run_id: int
     limit: int
@@ -69,6 +81,12 @@ class ClaimParams:
     actor: str = "worker"
     record_event: bool = False  # write a 'claimed' event per item (full history jobs)
     closing: bool = False  # claim the run's closing entry ('@close', the sweeper), never others
+    # A job with limited stages is claimed stage by stage, in this order (each through the
+    # stage's own index, so a claim stays O(chunk)), each limited stage no further than its
+    # bucket and cap allow; empty: the one claim over every stage, in id order.
+    job: str = ""
+    stages: tuple[str, ...] = ()
+    limits: tuple[StageLimit, ...] = ()
 
 
 class ClaimedItem(NamedTuple):
@@ -335,6 +353,14 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]: ...
+    # submit inside the caller's transaction (docs/design.md): only the run row and its
+    # `submitted` event, written on `conn` (the caller's open connection to this ledger's
+    # database) and committed by the caller alone; a connection elsewhere is a UsageError
+    def run_submit_in(self, conn: Any, new: NewRun) -> tuple[RunRow, bool]: ...
+    # deferred runs (recorded that way) no decomposer took yet: of `jobs`, or of all (None)
+    def runs_deferred(self, jobs: Sequence[str] | None, limit: int = 100) -> list[RunRow]: ...
+    # take a deferred run's decomposition: the run with its payload, or None (taken already)
+    def run_take_deferred(self, run_id: int) -> RunRow | None: ...
     def run_get(self, run_id: int) -> RunRow | None: ...
     def run_payload(self, run_id: int) -> Any: ...
     def runs_list(self, limit: int = 100, before: int | None = None) -> list[RunRow]: ...
@@ -377,7 +403,7 @@ class Store(Protocol):
     def events_list(self, run_id: int, item_id: int | None = None,
                     kind: str | None = None) -> list[EventRow]: ...
 
-    # -- dispatch through a broker (runtime/dispatch.py, migration 0006) ----------------------
+    # -- dispatch through a broker (runtime/dispatch.py, migration 0007) ----------------------
 
     def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]: ...
     # before the mark of a run dispatched through a broker: its stage's pending rows owe a

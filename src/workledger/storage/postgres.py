@@ -21,14 +21,16 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workledger.core.text import read_json
-from workledger.errors import Contention, DatabaseUnavailable, StorageError
+from workledger.errors import Contention, DatabaseUnavailable, StorageError, UsageError
+from workledger.storage import common
 from workledger.storage.base import LedgerStore
-from workledger.storage.dialect import CountRows
+from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
@@ -56,6 +58,7 @@ CONNECTION_DEFAULTS = {
 }
 # the NOTIFY channel of new work; the payload is the ledger's schema
 WAKE_CHANNEL = "wl_work"
+_NOTIFY = "SELECT pg_notify(%s, current_schema())"
 # pg_advisory_xact_lock key that serialises concurrent migrate() calls ("wl" + "migr").
 MIGRATE_LOCK = 0x776C_6D69_6772
 # pg_advisory_xact_lock(DECOMPOSE_LOCK, run_id % 2**31): two decompositions of one run (a
@@ -227,7 +230,7 @@ class PostgresStore(LedgerStore[Conn]):
 
     def _wake(self, conn: Conn) -> None:
         # delivered when (and only if) the transaction commits, to every listening session
-        conn.execute("SELECT pg_notify(%s, current_schema())", (WAKE_CHANNEL,))
+        conn.execute(_NOTIFY, (WAKE_CHANNEL,))
 
     def wait_for_work(self, timeout: float) -> bool:
         """Block up to ``timeout`` s on a connection of its own that LISTENs for work made
@@ -251,6 +254,44 @@ class PostgresStore(LedgerStore[Conn]):
                 conn.close()
                 self._listener = None
                 return False
+
+    # -- the caller's connection (submit inside the caller's transaction) -----------------
+
+    @contextmanager
+    def _foreign_tx(self, conn: Any) -> Iterator[Connection]:
+        if not isinstance(conn, psycopg.Connection):
+            raise UsageError("this ledger is PostgreSQL: pass a psycopg (3) connection to its "
+                             f"database, not a {common.kind_of(conn)}")
+        _check_open_transaction(conn)
+        theirs = _DictRows(conn)
+        try:
+            conn.execute("SAVEPOINT wl_submit")  # begins the caller's transaction if need be
+        except psycopg.Error as exc:
+            raise self._wrap(exc) from exc
+        try:
+            self._check_same_ledger(theirs)
+            yield theirs
+            theirs.execute(_NOTIFY, (WAKE_CHANNEL,))  # delivered when the caller commits
+            conn.execute("RELEASE SAVEPOINT wl_submit")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK TO SAVEPOINT wl_submit")
+                conn.execute("RELEASE SAVEPOINT wl_submit")
+            except psycopg.Error:
+                pass  # the connection is gone, and the caller's transaction with it
+            if isinstance(exc, psycopg.Error):
+                raise self._wrap(exc) from exc
+            raise
+
+    def _identity(self, conn: Connection) -> tuple[tuple[Any, ...], str]:
+        r = self._first(conn.execute(self.Q["ledger_identity"], {}).fetchall())
+        started = r["server_started"]
+        key = (r["database_oid"], r["runs_table"], r["schema"],
+               None if started is None else started.timestamp())
+        where = f"database {r['database']!r}, schema {r['schema']!r}"
+        if r["runs_table"] is None:
+            where += " (whose search_path names no wl_runs table)"
+        return key, where
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -340,6 +381,33 @@ class PostgresStore(LedgerStore[Conn]):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+class _DictRows:
+    """The caller's psycopg connection, its rows read by column name through cursors of our
+    own: its own row factory and loaders are left as they are."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = None, /) -> psycopg.Cursor[DictRow]:
+        return self.conn.cursor(row_factory=dict_row).execute(sql, params)
+
+
+def _check_open_transaction(conn: psycopg.Connection[Any]) -> None:
+    """The caller's connection must be in a transaction it will end: one in autocommit mode
+    outside a transaction, or whose transaction already failed, is refused."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise UsageError("the connection's transaction has failed already: roll it back; "
+                         "nothing was recorded")
+    if status == TransactionStatus.IDLE and conn.autocommit:
+        raise UsageError("the connection is in autocommit mode, outside any transaction: begin "
+                         "one first (conn.transaction(), or Django's transaction.atomic()), so "
+                         "that the run is recorded only if it commits")
+    if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
+        raise UsageError(f"the connection is not ready for a statement ({status.name.lower()})")
+
 
 
 def session_conninfo(url: str) -> str:

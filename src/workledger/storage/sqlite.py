@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workledger.errors import Contention, DatabaseUnavailable, StorageError
+from workledger.errors import Contention, DatabaseUnavailable, StorageError, UsageError
 from workledger.storage import common
 from workledger.storage.base import LedgerStore
-from workledger.storage.dialect import CountRows
+from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
@@ -62,6 +62,32 @@ def _wake_event(path: str) -> threading.Event:
     key = path if path == ":memory:" else str(Path(path).resolve())
     with _WAKE_LOCK:
         return _WAKE.setdefault(key, threading.Event())
+
+
+class _Rows:
+    """The caller's sqlite3 connection, its rows read by column name through cursors of our
+    own: its own ``row_factory`` is left as it is."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = (), /) -> sqlite3.Cursor:
+        cur = self.conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur.execute(sql, params)
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """Make sure the caller's connection is in a transaction, which the caller ends. One that
+    commits every statement by itself (autocommit, outside a transaction) is refused."""
+    if conn.in_transaction:
+        return
+    if conn.isolation_level is None or getattr(conn, "autocommit", None) is True:
+        raise UsageError("the connection is in autocommit mode, outside any transaction: begin "
+                         "one first (BEGIN, or Django's transaction.atomic()), so that the run "
+                         "is recorded only if it commits")
+    # what sqlite3 itself would do before the first write: the caller commits it
+    conn.execute(f"BEGIN {conn.isolation_level}")
 
 
 class SqliteStore(LedgerStore[sqlite3.Connection]):
@@ -133,6 +159,43 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         if woke:
             self._work.clear()
         return woke
+
+    # -- the caller's connection (submit inside the caller's transaction) -----------------
+
+    @contextmanager
+    def _foreign_tx(self, conn: Any) -> Iterator[Connection]:
+        if not isinstance(conn, sqlite3.Connection):
+            raise UsageError(f"this ledger is the SQLite file {self.path}: pass a sqlite3 "
+                             f"connection to it, not a {common.kind_of(conn)}")
+        theirs = _Rows(conn)
+        try:
+            self._check_same_ledger(theirs)
+            _begin(conn)
+            conn.execute("SAVEPOINT wl_submit")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            yield theirs
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK TO wl_submit")
+                conn.execute("RELEASE wl_submit")  # inside the caller's transaction: no commit
+            except sqlite3.Error:
+                pass  # the caller's transaction is gone with it
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from exc
+            raise
+        try:
+            conn.execute("RELEASE wl_submit")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    def _identity(self, conn: Connection) -> tuple[tuple[Any, ...], str]:
+        row = conn.execute(self.Q["ledger_identity"], {}).fetchone()
+        file = str(row[0] or "") if row is not None else ""
+        if not file:  # in memory, or a temporary file: no other connection shares it
+            return ("", id(conn)), "an in-memory or temporary database"
+        return (os.path.realpath(file),), f"the file {file}"
 
     def _error(self, exc: sqlite3.Error, doing: str = "") -> StorageError:
         """A busy or locked database (past the busy timeout) is contention, tried again by

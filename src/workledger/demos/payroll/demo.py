@@ -40,7 +40,7 @@ from workledger.errors import UsageError
 
 OUTAGE_WAIT = 600.0  # seconds the demo waits for its database to come back, as a worker
 RENDER_SAMPLE = 200  # payslips rendered to measure the render limit (scaled to the run)
-WORKER_ARGS = ("--concurrency", "4", "--chunk", "50", "--lease", "5")
+WORKER_ARGS = ("--concurrency", "4", "--chunk", "100", "--lease", "5")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,12 @@ from workledger.demos.payroll.config import (
     message_id,
 )
 from workledger.demos.payroll.mail import Mailer, Uncertain, build_message
-from workledger.demos.payroll.render import render_payslip, write_atomically
+from workledger.demos.payroll.render import render_payslip, sync_folder, write_atomically
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import SinkRecords
 
 DELIVER_BATCH = 25  # payslips per call of the delivery handler (one SMTP connection)
+GENERATE_BATCH = 25  # payslips per call of the render handler (two writes to the store)
 
 
 class Payroll:
@@ -40,6 +42,7 @@ class Payroll:
         self.store = EmployeeStore(config.store_path)
         self.mailer = Mailer(config.smtp_host, config.smtp_port)
         self.sink = SinkRecords(config.sink) if config.sink is not None else None
+        self._files: ThreadPoolExecutor | None = None  # writes PDFs while the next renders
 
     def pdf_path(self, doc: str, period: str) -> Path:
         return self.config.out_dir / period / f"{doc}.pdf"
@@ -54,19 +57,54 @@ class Payroll:
             else:
                 yield Item(key=emp, data={"period": period})
 
-    def generate(self, item: ItemView, ctx: Context) -> dict[str, Any]:
-        period, emp = str(item.data["period"]), str(item.key)
-        doc = document_id(ctx.run_id, period, emp)
-        path = self.pdf_path(doc, period)
-        pdf = self._existing(path, doc)
-        if pdf is None:
+    def generate_batch(self, items: list[ItemView], ctx: BatchContext) -> list[Any]:
+        """Render a batch of payslips; the store is written once before and once after the
+        batch, not per payslip. Each PDF is written (and flushed to disk) by a thread of this
+        process while the next one renders; each item keeps its own outcome."""
+        out: list[Any] = [None] * len(items)
+        todo: list[tuple[int, str, str, str, Path, Any]] = []
+        for i, item in enumerate(items):
+            period, emp = str(item.data["period"]), str(item.key)
+            doc = document_id(ctx.run_id, period, emp)
+            path = self.pdf_path(doc, period)
+            pdf = self._existing(path, doc)
+            if pdf is not None:
+                out[i] = self._result(doc, pdf, path)
+                continue
             slip = self.store.payslip(emp, period)
             if slip is None:
-                raise Permanent(f"no salary for {period} (changed since the run was submitted)")
-            render = self.store.render_started(doc, ctx.run_id, emp, period)
+                out[i] = Permanent(f"no salary for {period} (changed since the run was "
+                                   "submitted)")
+                continue
+            todo.append((i, doc, emp, period, path, slip))
+        renders = self.store.renders_started([(doc, ctx.run_id, emp, period)
+                                              for _, doc, emp, period, _, _ in todo])
+        written = []
+        for (i, doc, _, _, path, slip), render in zip(todo, renders, strict=True):
             pdf = render_payslip(slip, doc)
-            write_atomically(path, pdf)
-            self.store.render_written(render, doc, hashlib.sha256(pdf).hexdigest())
+            written.append((i, doc, render, pdf, path, self._writer().submit(
+                write_atomically, path, pdf, flush_folder=False)))
+        for i, doc, _, pdf, path, future in written:
+            try:
+                future.result()
+            except OSError as exc:
+                out[i] = Retry(f"cannot write {path}: {exc}")
+            else:
+                out[i] = self._result(doc, pdf, path)
+        done = [(render, doc, hashlib.sha256(pdf).hexdigest())
+                for i, doc, render, pdf, _, _ in written if not isinstance(out[i], Retry)]
+        if done:
+            sync_folder(self.config.out_dir / str(items[0].data["period"]))
+            self.store.renders_written(done)
+        return out
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._files is None:
+            self._files = ThreadPoolExecutor(1, thread_name_prefix="payslip-writer")
+        return self._files
+
+    @staticmethod
+    def _result(doc: str, pdf: bytes, path: Path) -> dict[str, Any]:
         return {"document_id": doc, "sha256": hashlib.sha256(pdf).hexdigest(),
                 "template_version": TEMPLATE_VERSION, "path": str(path)}
 
@@ -135,7 +173,8 @@ def build(url: str | None = None, config: PayrollConfig | None = None, *,
     book = Ledger(url, dispatch=dispatch)
     job = book.job(JOB, tolerate=TOLERATE)
     job.decompose(payroll.split)
-    job.stage("generate", idempotent=True, max_attempts=3)(payroll.generate)
+    job.stage("generate", idempotent=True, max_attempts=3,
+              batch=GENERATE_BATCH)(payroll.generate_batch)
     verify = payroll.verify if payroll.sink is not None else None
     # rendering is CPU-bound: it runs in the worker's handler processes when it has them;
     # delivering waits on the network: it stays in the worker's threads

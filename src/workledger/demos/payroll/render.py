@@ -71,8 +71,9 @@ def _amounts(c: canvas.Canvas, slip: Payslip, y: float) -> None:
     c.drawRightString(width - 56, y - 4, _money(slip.net_cents))
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, flush it to disk, then rename over."""
+def write_atomically(path: Path, data: bytes, flush_folder: bool = True) -> None:
+    """Write to a temporary file in the same folder, flush it to disk, then rename over (and
+    flush the folder, unless the caller does that once for many files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -84,3 +85,14 @@ def write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if flush_folder:
+        sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (the renames into it) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

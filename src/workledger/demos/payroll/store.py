@@ -148,23 +148,32 @@ class EmployeeStore:
                                    (doc,)).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
-    def render_started(self, doc: str, run_id: int, employee_id: str, period: str) -> int:
-        """Allocate the document number (once) and count one render call."""
+    def renders_started(self, docs: list[tuple[str, int, str, str]]) -> list[int]:
+        """For a batch of (document, run, employee, period): allocate each document number
+        (once) and count one render call each, in one transaction; the render ids."""
+        if not docs:
+            return []
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT OR IGNORE INTO documents (document_id, run_id, employee_id, period,"
-                     " template_version) VALUES (?, ?, ?, ?, ?)",
-                     (doc, run_id, employee_id, period, TEMPLATE_VERSION))
-        cur = conn.execute("INSERT INTO renders (document_id, run_id, pid) VALUES (?, ?, ?)",
-                           (doc, run_id, os.getpid()))
+        ids = []
+        for doc, run_id, employee_id, period in docs:
+            conn.execute("INSERT OR IGNORE INTO documents (document_id, run_id, employee_id,"
+                         " period, template_version) VALUES (?, ?, ?, ?, ?)",
+                         (doc, run_id, employee_id, period, TEMPLATE_VERSION))
+            cur = conn.execute("INSERT INTO renders (document_id, run_id, pid) VALUES (?, ?, ?)",
+                               (doc, run_id, os.getpid()))
+            ids.append(int(cur.lastrowid or 0))
         conn.execute("COMMIT")
-        return int(cur.lastrowid or 0)
+        return ids
 
-    def render_written(self, render: int, doc: str, sha: str) -> None:
+    def renders_written(self, done: list[tuple[int, str, str]]) -> None:
+        """(render, document, sha256) of the PDFs a batch wrote, in one transaction."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("UPDATE documents SET sha256 = ? WHERE document_id = ?", (sha, doc))
-        conn.execute("UPDATE renders SET written = 1 WHERE id = ?", (render,))
+        conn.executemany("UPDATE documents SET sha256 = ? WHERE document_id = ?",
+                         [(sha, doc) for _, doc, sha in done])
+        conn.executemany("UPDATE renders SET written = 1 WHERE id = ?",
+                         [(render,) for render, _, _ in done])
         conn.execute("COMMIT")
 
     def render_counts(self, run_id: int) -> tuple[int, int, int]:

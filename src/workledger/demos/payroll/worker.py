@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                          "127.0.0.1:25"))
     parser.add_argument("--sink", default=os.environ.get("WORKLEDGER_PAYROLL_SINK"))
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=50)
+    parser.add_argument("--chunk", type=int, default=100)
     parser.add_argument("--lease", type=float, default=5.0)
     parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 4),
                         help="render payslips in this many processes (1: in threads)")

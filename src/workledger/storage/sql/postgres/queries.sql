@@ -155,6 +155,70 @@ WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
 
+-- name: items_claim_stage
+-- moves: pending -> claimed
+-- A limited job's claim, one stage at a time (ClaimParams.stages), each through
+-- wl_items_stage_claimable so that it stays O(limit) however the stages' rows interleave. The
+-- statements of one claim share one token: the first that finds rows takes it from the
+-- sequence (token NULL), the others are given it.
+WITH token AS (SELECT nextval('wl_lease_token_seq') AS value),
+picked AS (
+    SELECT i.id FROM wl_items AS i
+    WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.state = 'pending'
+      AND (i.not_before IS NULL OR i.not_before <= now())
+      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
+                  AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+                  AND r.cancelled_at IS NULL)
+    ORDER BY i.id LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    lease_token = COALESCE(%(token)s::bigint, (SELECT value FROM token)),
+    lease_until = now() + make_interval(secs => %(lease)s::float8),
+    updated_at = now()
+WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
+          wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
+
+-- name: limit_lock
+-- A limited stage's bucket, locked for the claim transaction before any item row (the lock
+-- order of docs/design.md): every claimer of the stage, on every machine, waits here for the
+-- one before it. Its time is the database's clock, read after the lock was granted.
+SELECT tokens, EXTRACT(EPOCH FROM clock_timestamp() - refreshed_at)::float8 AS elapsed
+FROM wl_stage_limits WHERE job = %(job)s AND stage = %(stage)s
+FOR UPDATE;
+
+-- name: limit_create
+-- The first claim of a limited stage makes its bucket, full.
+INSERT INTO wl_stage_limits (job, stage, tokens, refreshed_at, rate, burst, max_in_flight)
+VALUES (%(job)s, %(stage)s, %(burst)s, clock_timestamp(), %(rate)s, %(burst)s,
+        %(max_in_flight)s)
+ON CONFLICT (job, stage) DO NOTHING;
+
+-- name: limit_spend
+-- What is left of the bucket after a claim that took items; a claim that took none writes
+-- nothing, so waiting for a token costs the disk nothing. refreshed_at is read now, after the
+-- claim: refill is counted from later than the tokens were, never from earlier.
+UPDATE wl_stage_limits SET tokens = %(tokens)s, refreshed_at = clock_timestamp(),
+    rate = %(rate)s, burst = %(burst)s, max_in_flight = %(max_in_flight)s
+WHERE job = %(job)s AND stage = %(stage)s;
+
+-- name: limit_in_flight
+-- The stage's claimed items over the job's open runs (a complete run holds none): what a cap
+-- counts. Read after the bucket's lock, so it sees every claim committed before this one.
+SELECT COALESCE(sum(c.n), 0)::bigint FROM wl_stage_counts AS c
+WHERE c.stage = %(stage)s AND c.state = 'claimed'
+  AND c.run_id IN (SELECT r.id FROM wl_runs AS r
+                   WHERE r.job = %(job)s AND r.completed_at IS NULL);
+
+-- name: events_add_now
+-- events_add at the statement's own time, not the transaction's start: a limited claim's
+-- 'claimed' events say when its bucket was spent, after the wait for its lock.
+INSERT INTO wl_events (at, run_id, item_id, kind, lease_token, actor, detail)
+VALUES (clock_timestamp(), %(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s,
+        %(detail)s::jsonb);
+
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
 -- idempotent, see migration 0004); an item run alone after its holder vanished is also
@@ -216,7 +280,7 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
--- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0006)
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007)
 INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
 SELECT i.run_id, h.stage, i.seq, i.key, i.data, i.redispatch_at
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
@@ -331,6 +395,7 @@ SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, c
        paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= now() - make_interval(secs => %(grace)s::float8)
   AND (%(backoff)s::float8 <= 0 OR r.error IS NULL OR COALESCE((
@@ -338,6 +403,49 @@ WHERE decomposed_at IS NULL AND cancelled_at IS NULL
                  %(backoff)s::float8 * power(2, GREATEST(LEAST(count(*) - 1, 16), 0)), 3600))
       FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), true))
 ORDER BY id;
+
+-- name: run_insert_deferred
+-- submit with conn=: the run row, written on the caller's connection in the caller's
+-- transaction and marked deferred, so that the first worker or sweeper to see it after the
+-- commit takes its decomposition (run_take_deferred).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, now())
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key_in
+-- run_by_key on the caller's connection, whose JSON decoding is its own (Django's loads jsonb
+-- as text, say): the payload as text, decoded by us.
+SELECT id, job, idempotency_key, NULL AS payload, payload::text AS payload_text, created_at,
+       decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
+       skipped, tolerate
+FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
+
+-- name: ledger_identity
+-- Which ledger a connection is on: the server (its start time), the database, and the
+-- wl_runs table its search_path names. The caller's must be the ledger's.
+SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::bigint AS database_oid,
+       current_database() AS database, current_schema() AS schema,
+       to_regclass('wl_runs')::oid::bigint AS runs_table,
+       pg_postmaster_start_time() AS server_started;
+
+-- name: runs_deferred
+-- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
+-- audit), oldest first, through their own partial index; without payloads.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs
+WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
+  AND (%(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[]))
+ORDER BY id LIMIT %(limit)s;
+
+-- name: run_take_deferred
+-- A worker or sweeper takes a deferred run's decomposition: guarded by the mark, so of two
+-- takers one gets the row (with its payload) and the other nothing.
+UPDATE wl_runs SET deferred_at = NULL
+WHERE id = %(run_id)s AND deferred_at IS NOT NULL AND decomposed_at IS NULL
+  AND cancelled_at IS NULL
+RETURNING *;
 
 -- name: runs_to_close
 SELECT r.id FROM wl_runs AS r
@@ -516,7 +624,7 @@ SELECT DISTINCT run_id FROM wl_stage_counts AS c
 WHERE NOT EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = c.run_id)
 ORDER BY run_id;
 
--- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0006).
+-- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0007).
 
 -- name: items_claim_by_identity
 -- moves: pending -> claimed

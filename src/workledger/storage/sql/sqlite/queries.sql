@@ -152,6 +152,60 @@ WHERE id IN (
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 
+-- name: items_claim_stage
+-- moves: pending -> claimed
+-- A limited job's claim, one stage at a time (ClaimParams.stages), each through
+-- wl_items_stage_claimable so that it stays O(limit) however the stages' rows interleave. The
+-- statements of one claim share the token read by lease_token_peek.
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    lease_token = :token,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY wl_items_stage_claimable
+    WHERE run_id = :run_id AND stage = :stage AND state = 'pending'
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    ORDER BY id LIMIT :limit)
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: limit_lock
+-- A limited stage's bucket, read in the claim transaction (BEGIN IMMEDIATE: one claimer at a
+-- time), with the database's clock.
+SELECT tokens, (julianday('now') - julianday(refreshed_at)) * 86400.0 AS elapsed
+FROM wl_stage_limits WHERE job = :job AND stage = :stage;
+
+-- name: limit_create
+-- The first claim of a limited stage makes its bucket, full.
+INSERT INTO wl_stage_limits (job, stage, tokens, rate, burst, max_in_flight)
+VALUES (:job, :stage, :burst, :rate, :burst, :max_in_flight)
+ON CONFLICT (job, stage) DO NOTHING;
+
+-- name: limit_spend
+-- What is left of the bucket after a claim that took items; a claim that took none writes
+-- nothing, so waiting for a token costs the disk nothing. refreshed_at is read now, after the
+-- claim: refill is counted from later than the tokens were, never from earlier.
+UPDATE wl_stage_limits SET tokens = :tokens,
+    refreshed_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    rate = :rate, burst = :burst, max_in_flight = :max_in_flight
+WHERE job = :job AND stage = :stage;
+
+-- name: limit_in_flight
+-- The stage's claimed items over the job's open runs (a complete run holds none): what a cap
+-- counts.
+SELECT COALESCE(sum(c.n), 0) FROM wl_stage_counts AS c
+WHERE c.stage = :stage AND c.state = 'claimed'
+  AND c.run_id IN (SELECT r.id FROM wl_runs AS r INDEXED BY wl_runs_open
+                   WHERE r.job = :job AND r.completed_at IS NULL);
+
+-- name: events_add_now
+-- events_add, the same as it on SQLite (one writer: the statement's time is the claim's).
+INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
+VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
 -- idempotent, see migration 0004); an item run alone after its holder vanished is also
@@ -210,7 +264,7 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
--- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0006)
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007)
 INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
 SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data, i.redispatch_at
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
@@ -313,6 +367,7 @@ SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, c
        paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
+  AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
   AND COALESCE((SELECT max(created_at) FROM wl_items WHERE run_id = r.id), r.created_at)
       <= strftime('%Y-%m-%d %H:%M:%f', 'now', :grace)
   AND (:backoff <= 0 OR r.error IS NULL OR COALESCE((
@@ -320,6 +375,44 @@ WHERE decomposed_at IS NULL AND cancelled_at IS NULL
                  :backoff * (1 << max(min(count(*) - 1, 16), 0)), 3600.0) || ' seconds')
       FROM wl_events AS e WHERE e.run_id = r.id AND e.kind = 'decomposition_failed'), 1))
 ORDER BY id;
+
+-- name: run_insert_deferred
+-- submit with conn=: the run row, written on the caller's connection in the caller's
+-- transaction and marked deferred, so that the first worker or sweeper to see it after the
+-- commit takes its decomposition (run_take_deferred).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: run_by_key_in
+-- run_by_key on the caller's connection, whose JSON decoding is its own: the payload as text.
+SELECT id, job, idempotency_key, NULL AS payload, payload AS payload_text, created_at,
+       decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
+       skipped, tolerate
+FROM wl_runs WHERE job = :job AND idempotency_key = :key;
+
+-- name: ledger_identity
+-- Which database file a connection is on: the caller's must be on the ledger's.
+SELECT file FROM pragma_database_list WHERE name = 'main';
+
+-- name: runs_deferred
+-- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
+-- audit), oldest first, through their own partial index; without payloads.
+SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+FROM wl_runs INDEXED BY wl_runs_deferred
+WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
+  AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
+ORDER BY id LIMIT :limit;
+
+-- name: run_take_deferred
+-- A worker or sweeper takes a deferred run's decomposition: guarded by the mark, so of two
+-- takers one gets the row (with its payload) and the other nothing.
+UPDATE wl_runs SET deferred_at = NULL
+WHERE id = :run_id AND deferred_at IS NOT NULL AND decomposed_at IS NULL
+  AND cancelled_at IS NULL
+RETURNING *;
 
 -- name: runs_to_close
 SELECT r.id FROM wl_runs AS r
@@ -496,7 +589,7 @@ SELECT DISTINCT run_id FROM wl_stage_counts AS c
 WHERE NOT EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = c.run_id)
 ORDER BY run_id;
 
--- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0006).
+-- Dispatch through a broker (docs/design.md, "Dispatch through a broker"; migration 0007).
 
 -- name: items_claim_by_identity
 -- moves: pending -> claimed

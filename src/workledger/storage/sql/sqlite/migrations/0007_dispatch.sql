@@ -1,4 +1,4 @@
--- 0006: dispatch through a broker (docs/design.md, "Dispatch through a broker").
+-- 0007: dispatch through a broker (docs/design.md, "Dispatch through a broker").
 -- redispatch_at: when the sweeper publishes a message for the item again if it is still
 -- pending and unclaimed by then; NULL: the item is not dispatched through a broker (the
 -- ledger's own workers claim it). Set before a message is published (an outbox: a process

@@ -1,0 +1,59 @@
+"""Cluster-wide limits of a stage (``@job.stage(rate_limit="50/s", max_in_flight=K)``): the
+parsing of a rate and the token bucket's arithmetic, as plain functions.
+
+The bucket itself is a row of ``wl_stage_limits`` taken under its row lock in the claim
+transaction (docs/design.md, "Rate limits and caps"); these functions decide, from what that
+row holds and the database clock, how many items a claim may take. A bucket holds at most
+``burst`` tokens and gains ``rate`` tokens a second; one claimed item spends one token. So in
+any window of ``T`` seconds at most ``burst + rate * T`` items are claimed, and in any window of
+one unit of the rate (a second for ``"50/s"``) at most ``N + burst - 1``: with a burst of 1,
+never more than ``N``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``count`` items per ``per`` seconds, e.g. ``Rate(50, 1.0)`` for ``"50/s"``."""
+
+    count: float
+    per: float
+    text: str
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.per
+
+
+def parse_rate(text: object) -> Rate:
+    """``"50/s"``, ``"600/m"``, ``"1000/h"`` (a positive number per second, minute or hour);
+    ValueError with the accepted forms for anything else."""
+    found = _RATE.match(text) if isinstance(text, str) else None
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError(f"rate_limit must look like '50/s', '600/m' or '1000/h' (a positive "
+                         f"number per second, minute or hour), not {text!r}")
+    return Rate(float(found.group(1)), UNITS[found.group(2)], found.group(0).strip())
+
+
+def tokens_now(tokens: float, elapsed: float, rate: float | None, burst: float) -> float:
+    """The bucket's tokens after ``elapsed`` seconds of refill, never above ``burst`` (and with
+    no rate, always ``burst``: a stage limited only by ``max_in_flight``). A clock that went
+    back (``elapsed`` below 0) refills nothing."""
+    if rate is None:
+        return burst
+    return min(burst, tokens + rate * max(0.0, elapsed))
+
+
+def allowance(tokens: float, in_flight: int, max_in_flight: int | None, want: int) -> int:
+    """How many items a claim may take: whole tokens, the room under the cap, what it wants."""
+    room = want if max_in_flight is None else max(0, max_in_flight - in_flight)
+    return max(0, min(want, room, math.floor(tokens + 1e-9)))
+
