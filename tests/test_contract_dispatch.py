@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from test_contract_store import (
+    JOB,
     LONG,
     S1,
     S2,
@@ -39,8 +40,8 @@ pytestmark = pytest.mark.contract
 
 
 def by_identity(store: Store, run_id: int, seqs: list[int], stage: str = S1,
-                lease: float = LONG, record_event: bool = False) -> list[Any]:
-    return store.items_claim_by_identity(IdentityClaim(run_id, stage, seqs, lease,
+                lease: float = LONG, record_event: bool = False, job: str = JOB) -> list[Any]:
+    return store.items_claim_by_identity(IdentityClaim(job, run_id, stage, seqs, lease,
                                                        actor="task-1", record_event=record_event))
 
 
@@ -104,6 +105,7 @@ def test_claim_by_identity_takes_only_the_named_run_stage_and_seqs(store: Store)
     assert [c.seq for c in by_identity(store, run.id, [1, 99])] == [1]  # 99 names no item
     assert {r.state for r in rows(store, other.id)} == {"pending"}
     assert by_identity(store, run.id, []) == []
+    assert by_identity(store, run.id, [2], job="another-job") == []  # not this run's job
 
 
 def test_claim_by_identity_takes_nothing_before_the_run_is_decomposed_or_while_paused(
@@ -286,8 +288,8 @@ def test_postgres_dispatch_statements_use_the_identity_index_and_the_owed_index(
     q = queries("postgres")
     seqs = list(range(FINISHED, FINISHED + 100))
     args = {
-        "items_claim_by_identity": {"run_id": run_id, "stage": "apply", "seqs": seqs,
-                                    "lease": 30.0},
+        "items_claim_by_identity": {"run_id": run_id, "job": "plan", "stage": "apply",
+                                    "seqs": seqs, "lease": 30.0},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},
@@ -320,7 +322,7 @@ def test_sqlite_dispatch_statements_use_the_identity_index_and_the_owed_index(
     seqs = json_list(range(45_000, 45_100))
     args = {
         "items_claim_by_identity": {"token": 1, "lease": "+30 seconds", "run_id": run_id,
-                                    "stage": "apply", "seqs": seqs},
+                                    "job": "plan", "stage": "apply", "seqs": seqs},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},

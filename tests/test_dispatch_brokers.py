@@ -149,3 +149,13 @@ def test_every_message_published_twice_runs_nothing_twice(broker: Setup) -> None
     # at least): one of each pair claimed its items, the other nothing
     assert broker.deliveries() >= 2 * (20 + 20)
     ledger.close()
+
+
+def test_an_async_stage_runs_on_the_task_processs_event_loop(broker: Setup) -> None:
+    ledger = broker.ledger()
+    broker.start_worker(broker.tmp / "worker.log")
+    sub = ledger.job_named("calls").submit({"units": 200}, key="calls")
+    st = wait_settled(broker, ledger, sub.run_id)
+    assert st.state == "completed" and st.counts == {"call": {"processed": 200}}
+    assert executions(broker, "call") == 200
+    ledger.close()

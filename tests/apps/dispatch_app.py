@@ -14,11 +14,13 @@ Job ``batch``: payload ``{"units": N}`` becomes N items. Stage ``prepare`` is id
 effect is keyed by ``ctx.idempotency_key`` in ``effects`` (deduplicated) and every execution is
 appended to ``executions`` (no unique constraint: what really ran). One unit in 50 asks for a
 retry at its first attempt (a backoff the broker holds). Stage ``apply`` is not idempotent: it
-only appends to ``executions``, so a second execution of one item would show.
+only appends to ``executions``, so a second execution of one item would show. Job ``calls``
+has one ``async def`` stage, ``call``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -112,6 +114,19 @@ def build(env: dict[str, str]) -> Ledger:
             time.sleep(slow)
         record(sink, "apply", ctx.idempotency_key)
         return {"applied": item.key}
+
+    calls = book.job("calls")  # an async stage: run on the task process's event loop
+
+    @calls.decompose
+    def split_calls(payload: dict[str, Any]) -> Any:
+        for i in range(int(payload["units"])):
+            yield Item(key=f"c{i}")
+
+    @calls.stage("call", idempotent=True)
+    async def call(item: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0.001)
+        record(sink, "call", ctx.idempotency_key)
+        return {"called": item.key}
 
     return book
 

@@ -166,7 +166,7 @@ class Delivery:
         store, executor, late, worker_id = self._here()
         late.write(TaskHolder(store, self.options, worker_id, random.Random(), late, self.stop))
         claimed = store.items_claim_by_identity(IdentityClaim(
-            message.run_id, message.stage, message.seqs, self.options.lease, worker_id,
+            job.name, message.run_id, message.stage, message.seqs, self.options.lease, worker_id,
             job.full_history))
         if not claimed:
             log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",

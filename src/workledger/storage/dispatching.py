@@ -27,7 +27,7 @@ class Dispatching(Dialect[C]):
         with self._tx() as conn:
             rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "stage": params.stage, "seqs": self._list(params.seqs),
+                "job": params.job, "stage": params.stage, "seqs": self._list(params.seqs),
                 **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed:

@@ -305,6 +305,7 @@ class FinishedRuns:
 class IdentityClaim:
     """A broker task's claim: exactly the items one message names (runtime/dispatch.py)."""
 
+    job: str  # the run's job: a message naming another job's run claims nothing
     run_id: int
     stage: str
     seqs: Sequence[int]

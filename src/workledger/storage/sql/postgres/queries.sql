@@ -631,7 +631,8 @@ ORDER BY run_id;
 -- A broker task's claim: exactly the items its message names (one run, one stage, some seqs),
 -- found through the unique (run_id, stage, seq) index, so it costs O(seqs) at any run size
 -- (state COLLATE "C": the planner never walks wl_items_claimable for it). Only items still
--- pending and due in a run decomposed, not paused, not cancelled, locked in id order with SKIP
+-- pending and due in a run of the message's job, decomposed, not paused, not cancelled (a
+-- message naming another job's run claims nothing), locked in id order with SKIP
 -- LOCKED: a copy of a message already claimed (or being claimed) finds nothing. One token for
 -- the claim, taken only when it finds rows. redispatch_at becomes the claim's time: the item
 -- is owed a message as soon as it is pending again (a retry, a release, an expired lease).
@@ -642,7 +643,7 @@ picked AS (
       AND i.state COLLATE "C" = 'pending'
       AND (i.not_before IS NULL OR i.not_before <= now())
       AND i.stage <> '@close'
-      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
+      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s AND r.job = %(job)s
                   AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
                   AND r.cancelled_at IS NULL)
     ORDER BY i.id

@@ -595,8 +595,8 @@ ORDER BY run_id;
 -- moves: pending -> claimed
 -- A broker task's claim: exactly the items its message names (one run, one stage, some seqs),
 -- found through the unique (run_id, stage, seq) index, so it costs O(seqs) at any run size.
--- Only items still pending and due in a run decomposed, not paused, not cancelled: a copy of
--- a message already claimed finds nothing. redispatch_at becomes the claim's time: the item
+-- Only items still pending and due in a run of the message's job, decomposed, not paused, not
+-- cancelled: a copy of a message already claimed finds nothing. redispatch_at becomes the claim's time: the item
 -- is owed a message as soon as it is pending again (a retry, a release, an expired lease).
 UPDATE wl_items SET
     state = 'claimed',
@@ -612,8 +612,9 @@ WHERE id IN (
       AND state = 'pending'
       AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')))
   AND stage <> '@close'
-  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
-              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.job = :job
+              AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+              AND r.cancelled_at IS NULL)
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 
 -- name: items_owe
