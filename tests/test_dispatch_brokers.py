@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -158,4 +159,22 @@ def test_an_async_stage_runs_on_the_task_processs_event_loop(broker: Setup) -> N
     st = wait_settled(broker, ledger, sub.run_id)
     assert st.state == "completed" and st.counts == {"call": {"processed": 200}}
     assert executions(broker, "call") == 200
+    ledger.close()
+
+
+def test_a_rate_limited_stage_holds_through_the_broker(broker: Setup) -> None:
+    """A broker task claims no more of a limited stage than its bucket holds: the rest of its
+    message goes back to the broker, held until the bucket has refilled. However many task
+    processes run, no second sees more than 20 + 5 - 1 claims (by the database clock)."""
+    ledger = broker.ledger()
+    broker.start_worker(broker.tmp / "worker.log")
+    sub = ledger.job_named("paced").submit({"units": 120}, key="paced")
+    st = wait_settled(broker, ledger, sub.run_id)
+    assert st.state == "completed" and executions(broker, "paced") == 120
+    at = sorted(datetime.fromisoformat(e.at).timestamp() for e in ledger.events(sub.run_id)
+                if e.kind == "claimed")
+    assert len(at) == 120
+    most = max(sum(1 for t in at if start <= t < start + 1.0) for start in at)
+    assert most <= 20 + 5 - 1, most
+    assert at[-1] - at[0] >= (120 - 5) / 20 - 0.1  # the rate, not the broker, set the pace
     ledger.close()

@@ -15,7 +15,8 @@ effect is keyed by ``ctx.idempotency_key`` in ``effects`` (deduplicated) and eve
 appended to ``executions`` (no unique constraint: what really ran). One unit in 50 asks for a
 retry at its first attempt (a backoff the broker holds). Stage ``apply`` is not idempotent: it
 only appends to ``executions``, so a second execution of one item would show. Job ``calls``
-has one ``async def`` stage, ``call``.
+has one ``async def`` stage, ``call``. Job ``paced`` has one stage, ``call``, held to 20 claims
+a second (``rate_limit="20/s"``, a burst of 5) with full history, so each claim is an event.
 """
 
 from __future__ import annotations
@@ -127,6 +128,18 @@ def build(env: dict[str, str]) -> Ledger:
         await asyncio.sleep(0.001)
         record(sink, "call", ctx.idempotency_key)
         return {"called": item.key}
+
+    paced = book.job("paced", full_history=True)  # a limited stage through the broker
+
+    @paced.decompose
+    def split_paced(payload: dict[str, Any]) -> Any:
+        for i in range(int(payload["units"])):
+            yield Item(key=f"p{i}")
+
+    @paced.stage("call", idempotent=True, rate_limit="20/s", burst=5)
+    def paced_call(item: Any, ctx: Any) -> Any:
+        record(sink, "paced", ctx.idempotency_key)
+        return None
 
     return book
 

@@ -29,6 +29,7 @@ from workledger.storage.port import (
     ClaimParams,
     FinishParams,
     FinishResult,
+    IdentityClaim,
     ItemRow,
     ItemsInsert,
     ItemsQuery,
@@ -121,6 +122,11 @@ class Real:
 
     def claim(self, run_id: int, limit: int) -> list[ClaimedItem]:
         return self.store.items_claim(ClaimParams(run_id, limit, 60.0))
+
+    def claim_identity(self, run_id: int, job: str, stage: str,
+                       seqs: list[int]) -> list[ClaimedItem]:
+        return self.store.items_claim_by_identity(IdentityClaim(job, run_id, stage, seqs, 60.0,
+                                                                "broker"))
 
     def finish(self, job: str, run_id: int, done: list[tuple[ClaimedItem, str, int]],
                start: list[int], token: int) -> FinishResult:

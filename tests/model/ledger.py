@@ -192,6 +192,24 @@ def claim(ledger: Ledger, run: int, limit: int, actor: str
     return ledger._replace(items=tuple(items), next_token=token + 1), token, taken, moves
 
 
+def claim_identity(ledger: Ledger, run: int, stage: str, seqs: list[int], actor: str = "broker"
+                   ) -> tuple[Ledger, int, list[int], Moves]:
+    """``items_claim_by_identity``: of the items a message names (one run, one stage, some
+    seqs), those still pending in a claimable run, under one fresh token."""
+    token, moves, items = ledger.next_token, [], list(ledger.items)
+    taken: list[int] = []
+    if claimable(ledger, run):
+        for i, it in enumerate(items):
+            if it.run == run and it.stage == stage and it.seq in seqs \
+                    and it.state == "pending" and it.stage != CLOSE:
+                _moved(items, moves, i, "claim", actor, "claimed", token=token, live=True,
+                       started=False)
+                taken.append(i)
+    if not taken:
+        return ledger, token, taken, moves  # a claim that finds nothing takes no token
+    return ledger._replace(items=tuple(items), next_token=token + 1), token, taken, moves
+
+
 def _held(it: Item, token: int) -> bool:
     return it.state == "claimed" and it.token == token
 

@@ -124,6 +124,24 @@ class LedgerAgainstModel(RuleBasedStateMachine):
         if taken:
             self.handles.append(Handle(run, token, claimed[0].lease_token, claimed, taken))
 
+    @precondition(lambda self: bool(self.model.items))
+    @rule(n=pick, width=st.integers(1, 3))
+    def claim_by_identity(self, n: int, width: int) -> None:
+        """A broker's message names some seqs of one stage of one run, whatever their state."""
+        first = self.model.items[n % len(self.model.items)]
+        run, stage = first.run, first.stage
+        seqs = sorted({it.seq for it in self.model.items if it.run == run
+                       and it.stage == stage and it.seq >= first.seq})[:width]
+        claimed = self.real.claim_identity(self.run_ids[run], self._job(run), stage, seqs)
+        self.model, token, taken, _ = m.claim_identity(self.model, run, stage, seqs)
+        ids = self._ids()
+        assert sorted(c.id for c in claimed) == sorted(
+            ids[(run, self.model.items[i].stage, self.model.items[i].seq)] for i in taken)
+        if taken:
+            by_id = {c.id: c for c in claimed}
+            ordered = [by_id[ids[(run, stage, self.model.items[i].seq)]] for i in taken]
+            self.handles.append(Handle(run, token, claimed[0].lease_token, ordered, taken))
+
     @precondition(lambda self: bool(self.handles))
     @rule(n=pick, outcomes=st.lists(st.sampled_from(OUTCOMES), min_size=3, max_size=3),
           charge=st.integers(0, 1), start_rest=st.booleans())

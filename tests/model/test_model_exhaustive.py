@@ -49,9 +49,15 @@ def plain(budget: Budget) -> Setup:
     return Setup(JOBS, (("plain", 3, frozenset({2})),), budget=budget, scripts=PLAIN)
 
 
-def both(budget: Budget) -> Setup:
+def both(budget: Budget, broker: bool = False) -> Setup:
     return Setup(JOBS, (("verified", 3, frozenset()), ("plain", 3, frozenset({2}))),
-                 budget=budget, scripts=BOTH)
+                 budget=budget, scripts=BOTH, broker=broker)
+
+
+def delivered(budget: Budget) -> Setup:
+    """Broker tasks beside workers: each item a message names is claimed by identity."""
+    return Setup(JOBS, (("plain", 3, frozenset({2})),), budget=budget, scripts=PLAIN,
+                 broker=True)
 
 
 def rows(*names: str, actor: str | None = None) -> set[tuple[str, str | None, str, str]]:
@@ -64,7 +70,8 @@ def rows(*names: str, actor: str | None = None) -> set[tuple[str, str | None, st
 #  the MOVES rows it must make)
 WORLDS = {
     "verified, a lease expiring under its holder, 2 operator actions": (
-        verified, Budget(1, 0, 2), rows() - rows("insert") - rows("release")),
+        verified, Budget(1, 0, 2),
+        rows() - rows("insert") - rows("release") - rows(actor="broker")),
     "verified, a crash or a stop, 2 operator actions": (
         verified, Budget(0, 1, 2), rows("release", "lease_expired", "lease_expired_unknown",
                                         "verify_done", "verify_not_done", "verify_unsure",
@@ -72,6 +79,8 @@ WORLDS = {
     "plain, an expiry and a crash or stop, 2 operator actions": (
         plain, Budget(1, 1, 2), rows("insert", "redrive", "cancel")
         | rows("fail", "release", actor="worker")),
+    "broker tasks, a crash or a stop, 1 operator action": (
+        delivered, Budget(0, 1, 1), rows(actor="broker")),
     "both runs, no fault, no operator": (
         both, Budget(0, 0, 0), rows("insert", "handoff", "claim", "complete", "skip", "fail",
                                     "retry_later", "outcome_unknown", actor="worker")

@@ -70,6 +70,7 @@ class Setup:
     # without a script may end any way its stage allows in ``outcomes``
     scripts: dict[tuple[int, str, int], tuple[str, ...]] = field(default_factory=dict)
     outcomes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by stage
+    broker: bool = False  # an idle worker may instead be a broker task handed one item
 
     def choices(self, run: int, stage: str, seq: int, attempt: int) -> tuple[str, ...]:
         script = self.scripts.get((run, stage, seq))
@@ -130,19 +131,39 @@ def _submitters(setup: Setup, w: World) -> Iterator[Step]:
                        _spend(w, "faults")._replace(submitted=tuple(submitted)), [])
 
 
+def _tasks(setup: Setup, led: m.Ledger, run: int, taken: list[int]) -> tuple[Task, ...]:
+    job = setup.jobs[led.runs[run].job]
+    tasks = [Task(i, led.items[i].reason in SUSPECT, led.items[i].attempts,
+                  led.items[i].stage not in job.idempotent and led.items[i].stage != CLOSE)
+             for i in taken]
+    return tuple(sorted(tasks, key=lambda t: (not t.suspect, t.recorded)))
+
+
+def _delivered(setup: Setup, w: World, n: int, run: int) -> Iterator[Step]:
+    """A broker task instead of a worker: a message names the run's last pending item, which
+    it claims by identity, then runs as a worker runs a chunk (runtime/delivery.py)."""
+    pending = [it for it in w.ledger.items if it.run == run and it.state == "pending"
+               and it.stage != CLOSE]
+    if not (setup.broker and pending):
+        return
+    last = pending[-1]
+    led2, token, taken, moves = m.claim_identity(w.ledger, run, last.stage, [last.seq])
+    if taken:
+        yield Step(f"w{n} is handed run {run}'s {last.stage}/{last.seq} by a broker",
+                   _with_worker(w, n, Worker(run, token, _tasks(setup, w.ledger, run, taken)),
+                                led2), moves)
+
+
 def _worker(setup: Setup, w: World, n: int, wk: Worker) -> Iterator[Step]:
     led = w.ledger
     if wk.run < 0:
         for run in range(len(led.runs)):
             led2, token, taken, moves = m.claim(led, run, setup.chunk, "worker")
             if taken:
-                job = setup.jobs[led.runs[run].job]
-                tasks = [Task(i, led.items[i].reason in SUSPECT, led.items[i].attempts,
-                              led.items[i].stage not in job.idempotent
-                              and led.items[i].stage != CLOSE) for i in taken]
-                order = sorted(tasks, key=lambda t: (not t.suspect, t.recorded))
                 yield Step(f"w{n} claims run {run}",
-                           _with_worker(w, n, Worker(run, token, tuple(order)), led2), moves)
+                           _with_worker(w, n, Worker(run, token, _tasks(setup, led, run, taken)),
+                                        led2), moves)
+            yield from _delivered(setup, w, n, run)
         return
     if w.budget.faults:
         yield Step(f"w{n} crashes", _with_worker(_spend(w, "faults"), n, Worker()), [])

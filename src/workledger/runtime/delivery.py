@@ -37,10 +37,12 @@ from workledger.storage.port import (
     FinishResult,
     IdentityClaim,
     LeaseParams,
+    StageLimit,
     Store,
 )
 
 log = logging.getLogger("workledger.dispatch")
+CAP_WAIT = 0.1  # seconds items held back by a full cap wait for their next message
 
 
 class TaskHolder:
@@ -120,6 +122,14 @@ class FollowUps:
         return released
 
 
+def held_back_for(limit: StageLimit) -> float:
+    """How long the items a limited stage's bucket or cap held back wait before their next
+    message: until the bucket is full again, or a moment for a cap to free a slot."""
+    if limit.rate is None:
+        return CAP_WAIT
+    return max(CAP_WAIT, limit.burst / limit.rate)
+
+
 class Delivery:
     """Runs the messages a broker delivers to this process. One handler pool, one set of late
     results and one worker id per process: a broker worker that forks its children (Celery's
@@ -156,6 +166,16 @@ class Delivery:
                 self._loop = AsyncExecutor(self.options.concurrency, name="wl-task-async")
             return self._loop
 
+    def _held_back(self, store: Store, job: Job, message: Message,
+                   claimed: list[ClaimedItem], limit: StageLimit) -> None:
+        """The message's items its stage's limits held back are published again, held by the
+        broker until the bucket has refilled (only those still pending are named)."""
+        taken = {c.seq for c in claimed}
+        rest = [seq for seq in message.seqs if seq not in taken]
+        if rest:
+            self.outbox.send(store, job.name, message.run_id, message.stage, rest,
+                             held_back_for(limit))
+
     def run(self, body: Any) -> WorkReport:
         """Claim and run the items ``body`` names; what it did (nothing for a copy)."""
         message = Message.from_body(body)
@@ -165,9 +185,12 @@ class Delivery:
                              f"not define (defined: {', '.join(sorted(self.jobs)) or 'none'})")
         store, executor, late, worker_id = self._here()
         late.write(TaskHolder(store, self.options, worker_id, random.Random(), late, self.stop))
+        limit = next((lim for lim in job.claim_plan()[1] if lim.stage == message.stage), None)
         claimed = store.items_claim_by_identity(IdentityClaim(
             job.name, message.run_id, message.stage, message.seqs, self.options.lease, worker_id,
-            job.full_history))
+            job.full_history, limit))
+        if limit is not None:
+            self._held_back(store, job, message, claimed, limit)
         if not claimed:
             log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",
                       message.run_id, message.stage, list(message.seqs)[:5])

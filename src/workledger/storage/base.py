@@ -21,7 +21,6 @@ from workledger.errors import StorageError, UnknownRun, UsageError
 from workledger.storage import common
 from workledger.storage.dialect import C, Connection
 from workledger.storage.dispatching import Dispatching
-from workledger.storage.limited import StageLimits
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
     ClaimedItem,
@@ -50,7 +49,7 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Overview[C], StageLimits[C], Dispatching[C]):
+class LedgerStore(Overview[C], Dispatching[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------

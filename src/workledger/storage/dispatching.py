@@ -12,29 +12,40 @@ from __future__ import annotations
 from operator import itemgetter
 
 from workledger.storage import common
-from workledger.storage.dialect import C, Dialect
+from workledger.storage.dialect import C
+from workledger.storage.limited import StageLimits
 from workledger.storage.port import ClaimedItem, DispatchMark, IdentityClaim
 
 OWE_PAGE = 5000  # rows per transaction when a decomposition's rows are marked owed
 
 
-class Dispatching(Dialect[C]):
+class Dispatching(StageLimits[C]):
     """Claims by identity and the outbox's bookkeeping; mixed into ``LedgerStore``."""
 
     def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]:
         if not params.seqs:
             return []
         with self._tx() as conn:
+            tokens, allowed = 0.0, len(params.seqs)
+            if params.limit is not None:  # its bucket first, as the claim of a worker does
+                tokens, allowed = self._limit_allows(conn, params.job, params.limit, allowed)
+                if not allowed:
+                    return []
             rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
                 "job": params.job, "stage": params.stage, "seqs": self._list(params.seqs),
-                **self._lease_token(conn)})
+                "limit": allowed, **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
+            if claimed and params.limit is not None and params.limit.rate is not None:
+                conn.execute(self.Q["limit_spend"], {
+                    **common.limit_params(params.job, params.limit),
+                    "tokens": tokens - len(claimed)})
             if claimed:
                 self._lease_token_taken(conn)
-                if params.record_event:
-                    self._many(conn, self.Q["events_add"],
-                               common.claim_events(claimed, params.actor))
+                if params.record_event:  # a limited claim's carry when its bucket was spent
+                    events = (self.Q["events_add"] if params.limit is None
+                              else self.Q["events_add_now"])
+                    self._many(conn, events, common.claim_events(claimed, params.actor))
                 self._count(conn, params.run_id, common.Tally.moves(
                     map(itemgetter(2), rows), "pending", "claimed"))
         common.failpoint("claim.after_commit")

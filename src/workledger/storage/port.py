@@ -312,6 +312,7 @@ class IdentityClaim:
     lease_seconds: float
     actor: str = "worker"
     record_event: bool = False  # a 'claimed' event per item (full history jobs)
+    limit: StageLimit | None = None  # the stage's bucket and cap, when it is limited
 
 
 @dataclass(frozen=True)

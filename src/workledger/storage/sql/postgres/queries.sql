@@ -646,7 +646,8 @@ picked AS (
       AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s AND r.job = %(job)s
                   AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
                   AND r.cancelled_at IS NULL)
-    ORDER BY i.id
+    -- no more than a limited stage's bucket and cap allow (all of them otherwise)
+    ORDER BY i.id LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
 UPDATE wl_items SET
     state = 'claimed',

@@ -610,7 +610,9 @@ WHERE id IN (
     SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
     WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
       AND state = 'pending'
-      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')))
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    -- no more than a limited stage's bucket and cap allow (all of them otherwise)
+    ORDER BY id LIMIT :limit)
   AND stage <> '@close'
   AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.job = :job
               AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
