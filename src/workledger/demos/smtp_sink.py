@@ -165,16 +165,33 @@ class _Session(asyncio.Protocol):
         self.sender: str | None = None
         self.in_data = False
         self.transport: asyncio.Transport | None = None
+        self.replies: list[bytes] = []
+        self.receiving = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._reply("220 sink.workledger.local ESMTP workledger mail sink")
 
     def _reply(self, line: str) -> None:
-        if self.transport is not None:
-            self.transport.write(line.encode() + b"\r\n")
+        self.replies.append(line.encode() + b"\r\n")
+        if not self.receiving:
+            self._send()
+
+    def _send(self) -> None:
+        if self.transport is not None and self.replies:
+            self.transport.write(b"".join(self.replies))
+        self.replies = []
 
     def data_received(self, data: bytes) -> None:
+        # the replies to pipelined commands go back in one write, not one each
+        self.receiving = True
+        try:
+            self._received(data)
+        finally:
+            self.receiving = False
+            self._send()
+
+    def _received(self, data: bytes) -> None:
         self.buffer += data
         while self.buffer:
             if self.in_data:

@@ -26,27 +26,50 @@ environment: ``WORKLEDGER_PAYROLL_OUT`` (default ``./payslips``), ``WORKLEDGER_P
 ``deliver`` stage has no verify hook and an uncertain delivery becomes ``unknown``).
 """
 
-from workledger.demos.payroll.config import (
-    BOUNCE_DOMAIN,
-    COMPANY,
-    DEFAULT_PERIOD,
-    JOB,
-    MAIL_DOMAIN,
-    SENDER,
-    STAFF_DOMAIN,
-    TEMPLATE_VERSION,
-    TOLERATE,
-    PayrollConfig,
-    document_id,
-    message_id,
-    message_prefix,
-)
-from workledger.demos.payroll.demo import run_demo
-from workledger.demos.payroll.job import Payroll, build, ledger
-from workledger.demos.payroll.mail import Mailer, Uncertain, build_message
-from workledger.demos.payroll.render import render_payslip, write_atomically
-from workledger.demos.payroll.store import EmployeeStore, Payslip, seed_employee
-from workledger.demos.payroll.worker import main
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Each name is imported from its module when it is first asked for: a handler process that
+# imports the job (``workledger.demos.payroll.job:ledger``) then loads neither the demo's
+# progress display nor its mail sink, and starts sooner.
+_WHERE = {
+    "BOUNCE_DOMAIN": "config",
+    "COMPANY": "config",
+    "DEFAULT_PERIOD": "config",
+    "JOB": "config",
+    "MAIL_DOMAIN": "config",
+    "SENDER": "config",
+    "STAFF_DOMAIN": "config",
+    "TEMPLATE_VERSION": "config",
+    "TOLERATE": "config",
+    "PayrollConfig": "config",
+    "document_id": "config",
+    "message_id": "config",
+    "message_prefix": "config",
+    "run_demo": "demo",
+    "Payroll": "job",
+    "build": "job",
+    "ledger": "job",
+    "Mailer": "mail",
+    "Uncertain": "mail",
+    "build_message": "mail",
+    "render_payslip": "render",
+    "write_atomically": "render",
+    "EmployeeStore": "store",
+    "Payslip": "store",
+    "seed_employee": "store",
+    "main": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "BOUNCE_DOMAIN",

@@ -311,10 +311,15 @@ def render_limit(demo: Demo, sample: int = RENDER_SAMPLE) -> float:
              if s is not None]
     if not slips:
         return 0.0
-    began = time.perf_counter()
-    for slip in slips:
+    for slip in slips[:10]:  # the first renders of a process load fonts and warm its caches
         render_payslip(slip, document_id(demo.run_id, demo.period, slip.employee_id))
-    return (time.perf_counter() - began) / len(slips) * len(docs)
+    best = float("inf")
+    for _ in range(2):  # a floor: the faster of two timings (a busy machine only adds)
+        began = time.perf_counter()
+        for slip in slips:
+            render_payslip(slip, document_id(demo.run_id, demo.period, slip.employee_id))
+        best = min(best, time.perf_counter() - began)
+    return best / len(slips) * len(docs)
 
 
 def summary(demo: Demo) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from workledger.demos.payroll.config import (
     message_id,
 )
 from workledger.demos.payroll.mail import Mailer, Uncertain, build_message
-from workledger.demos.payroll.render import render_payslip, sync_folder, write_atomically
+from workledger.demos.payroll.render import render_payslip, write_all_atomically
 from workledger.demos.payroll.store import EmployeeStore
 from workledger.demos.smtp_sink import SinkRecords
 
@@ -42,7 +41,6 @@ class Payroll:
         self.store = EmployeeStore(config.store_path)
         self.mailer = Mailer(config.smtp_host, config.smtp_port)
         self.sink = SinkRecords(config.sink) if config.sink is not None else None
-        self._files: ThreadPoolExecutor | None = None  # writes PDFs while the next renders
 
     def pdf_path(self, doc: str, period: str) -> Path:
         return self.config.out_dir / period / f"{doc}.pdf"
@@ -59,8 +57,8 @@ class Payroll:
 
     def generate_batch(self, items: list[ItemView], ctx: BatchContext) -> list[Any]:
         """Render a batch of payslips; the store is written once before and once after the
-        batch, not per payslip. Each PDF is written (and flushed to disk) by a thread of this
-        process while the next one renders; each item keeps its own outcome."""
+        batch, not per payslip, and the PDFs are flushed to disk together; each item keeps
+        its own outcome."""
         out: list[Any] = [None] * len(items)
         todo: list[tuple[int, str, str, str, Path, Any]] = []
         for i, item in enumerate(items):
@@ -79,29 +77,21 @@ class Payroll:
             todo.append((i, doc, emp, period, path, slip))
         renders = self.store.renders_started([(doc, ctx.run_id, emp, period)
                                               for _, doc, emp, period, _, _ in todo])
-        written = []
-        for (i, doc, _, _, path, slip), render in zip(todo, renders, strict=True):
-            pdf = render_payslip(slip, doc)
-            written.append((i, doc, render, pdf, path, self._writer().submit(
-                write_atomically, path, pdf, flush_folder=False)))
-        for i, doc, _, pdf, path, future in written:
-            try:
-                future.result()
-            except OSError as exc:
-                out[i] = Retry(f"cannot write {path}: {exc}")
-            else:
-                out[i] = self._result(doc, pdf, path)
-        done = [(render, doc, hashlib.sha256(pdf).hexdigest())
-                for i, doc, render, pdf, _, _ in written if not isinstance(out[i], Retry)]
-        if done:
-            sync_folder(self.config.out_dir / str(items[0].data["period"]))
-            self.store.renders_written(done)
+        pdfs = [render_payslip(slip, doc) for _, doc, _, _, _, slip in todo]
+        try:
+            write_all_atomically([(path, pdf) for (_, _, _, _, path, _), pdf
+                                  in zip(todo, pdfs, strict=True)])
+        except OSError as exc:  # none of the batch is known to be on disk: all tried again
+            for i, *_ in todo:
+                out[i] = Retry(f"cannot write the payslips of {self.config.out_dir}: {exc}")
+            return out
+        for (i, doc, _, _, path, _), pdf in zip(todo, pdfs, strict=True):
+            out[i] = self._result(doc, pdf, path)
+        if todo:
+            self.store.renders_written([(render, doc, hashlib.sha256(pdf).hexdigest())
+                                        for (_, doc, *_), render, pdf
+                                        in zip(todo, renders, pdfs, strict=True)])
         return out
-
-    def _writer(self) -> ThreadPoolExecutor:
-        if self._files is None:
-            self._files = ThreadPoolExecutor(1, thread_name_prefix="payslip-writer")
-        return self._files
 
     @staticmethod
     def _result(doc: str, pdf: bytes, path: Path) -> dict[str, Any]:

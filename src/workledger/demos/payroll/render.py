@@ -1,10 +1,13 @@
-"""The payslip PDF (reportlab) and the atomic write that puts it in place."""
+"""The payslip PDF (reportlab) and the atomic writes that put PDFs in place."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from reportlab.lib.pagesizes import A4
@@ -96,3 +99,55 @@ def sync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_all_atomically(files: Sequence[tuple[Path, bytes]]) -> None:
+    """Put several files in place, each by a rename from a temporary file in its folder, and
+    flush them all to disk before returning: with one ``syncfs(2)`` of their file system
+    where Linux has it (a batch of payslips costs one flush, not one per file and one per
+    folder), else each file and each folder. A crash before it returns may leave a file that
+    is renamed and not yet whole; readers check a PDF's end (``%%EOF``) and its recorded
+    hash, so such a file is rendered again, never sent."""
+    folders = {path.parent for path, _ in files}
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    flush_each = _syncfs is None
+    for path, data in files:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            if flush_each:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    for folder in folders:
+        if flush_each:
+            sync_folder(folder)
+        else:
+            _sync_file_system(folder)
+
+
+def _load_syncfs() -> object | None:
+    """libc's ``syncfs``, where there is one (Linux)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        return libc.syncfs
+    except (OSError, AttributeError):
+        return None
+
+
+_syncfs = _load_syncfs()
+
+
+def _sync_file_system(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        if _syncfs(fd) != 0:  # type: ignore[operator]
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {folder}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
