@@ -116,8 +116,11 @@ class Chunk:
             mine = [i for i in items if executor is not None and self.executor_for(i) is executor]
             if executor is None or not mine:
                 continue
-            size = 1 if executor is self.coroutines else max(  # a coroutine is cheap
-                1, min(SLICE_MAX, len(mine) // (executor.size * 8)))
+            # a coroutine is cheap; a slice sent to a handler process is one message each way,
+            # and its lane keeps the next chunk queued, so it needs no small slices at the end
+            per_slot = 2 if executor is self.processes else 8
+            size = 1 if executor is self.coroutines else max(
+                1, min(SLICE_MAX, len(mine) // (executor.size * per_slot)))
             tasks.update({self._submit(unit): unit for unit in self._units(mine, size)})
         self.wait(tasks, lambda f, _: self._collect(f.result(), 1))
 

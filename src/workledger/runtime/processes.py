@@ -89,11 +89,11 @@ def find_app(obj: Any) -> str:
                      "this ledger (processes=N, app='module:attribute'; the CLI's --app)")
 
 
-def _child_main(app: str, conn: Connection) -> None:
+def _child_main(app: str, conn: Connection, running: Any) -> None:
     """A child's life: import the app, then run slices until told to stop (None) or until the
-    parent is gone (its end of the pipe closes)."""
-    from workledger.runtime.execute import run_batch, run_handler
-
+    parent is gone (its end of the pipe closes). ``running`` (shared memory) holds the index
+    of the item it is running, so that the parent knows which one it was if it dies; the
+    outcomes of a slice go back in one message when the slice ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         jobs = import_app(app).jobs
@@ -108,18 +108,28 @@ def _child_main(app: str, conn: Connection) -> None:
             return
         if task is None:
             return
-        job = jobs[task.job]
         try:
-            first = job.stage_named(task.items[0].stage)
-            if first.batch:  # one call for the batch, then its outcomes in one message
-                conn.send(("outcomes", run_batch(job, first, task.items, task.worker_id)))
-            for index, item in enumerate([] if first.batch else task.items):
-                stage = job.stage_named(item.stage)
-                outcome = run_handler(job, stage, item, item.attempts + 1, task.worker_id)
-                conn.send(("outcome", (index, outcome)))
-            conn.send(("end", None))
+            conn.send(("end", _run_slice(jobs[task.job], task, running)))
         except OSError:  # the parent is gone: nobody would write the outcome
             return
+
+
+def _run_slice(job: Any, task: Slice, running: Any) -> list[Outcome]:
+    from workledger.runtime.execute import run_batch, run_handler
+
+    first = job.stage_named(task.items[0].stage)
+    if first.batch:  # one call for the batch
+        running.value = 0
+        return run_batch(job, first, task.items, task.worker_id)
+    outcomes = []
+    stage = first
+    for index, item in enumerate(task.items):
+        running.value = index
+        if stage.name != item.stage:
+            stage = job.stage_named(item.stage)
+        outcomes.append(run_handler(job, stage, item, item.attempts + 1, task.worker_id))
+    running.value = len(task.items)  # every one ran: dying now leaves each in doubt
+    return outcomes
 
 
 class _Child:
@@ -130,7 +140,9 @@ class _Child:
         ctx = multiprocessing.get_context("spawn")
         self.app = app
         self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(app, theirs), name=name, daemon=True)
+        self.running = ctx.RawValue("q", -1)  # the index of the item it is running
+        self.proc = ctx.Process(target=_child_main, args=(app, theirs, self.running),
+                                name=name, daemon=True)
         self.proc.start()
         theirs.close()
 
@@ -244,42 +256,38 @@ class ProcessExecutor(TaskBook):
     def _run(self, child: _Child, task: _Task) -> tuple[list[Ran], bool]:
         """Send the slice and gather its outcomes; (what ran, whether the child lives on)."""
         items = list(task.work.items)
-        outcomes: list[Outcome | HolderLost | None] = [None] * len(items)
+        child.running.value = -1
         try:
             child.conn.send(task.work)
             while True:
                 if task.abandoned:
-                    return self._lost(items, outcomes, "killed at its time limit",
+                    return self._lost(items, child, "killed at its time limit",
                                       task.work.batch), False
                 if not child.conn.poll(POLL):
                     if not child.proc.is_alive():
                         break
                     continue
-                kind, detail = child.conn.recv()
+                kind, outcomes = child.conn.recv()
                 if kind == "end":
                     return list(zip(items, outcomes, strict=True)), True
-                if kind == "outcomes":  # a batch's, all at once
-                    outcomes[:] = detail
-                    continue
-                index, outcome = detail
-                outcomes[index] = outcome
         except (EOFError, OSError):
             pass
         child.proc.join(1)
         reason = f"its process died (exit code {child.proc.exitcode})"
-        return self._lost(items, outcomes, reason, task.work.batch), False
+        return self._lost(items, child, reason, task.work.batch), False
 
     @staticmethod
-    def _lost(items: list[ClaimedItem], outcomes: list[Any], reason: str,
+    def _lost(items: list[ClaimedItem], child: _Child, reason: str,
               batch: bool = False) -> list[Ran]:
-        """The first item without an outcome was running: it is lost; the rest never ran. In a
-        batch, one call held every item: each one without an outcome is lost."""
-        ran: list[Ran] = []
-        running = next((i for i, o in enumerate(outcomes) if o is None), None)
-        for i, (item, outcome) in enumerate(zip(items, outcomes, strict=True)):
-            lost = outcome is None and (batch or i == running)
-            ran.append((item, HolderLost(reason) if lost else outcome))
-        return ran
+        """The item the child was running is lost; the others come back as never run (those
+        before it did run, but their outcomes died with the child: a slice of several items
+        is only ever of an idempotent stage, where running again is safe). In a batch, one
+        call held every item: each one is lost; and so is each item of a slice the child had
+        finished but not reported."""
+        running = child.running.value  # -1: it had not begun the slice
+        return [(item, HolderLost(reason)
+                 if (batch and running >= 0) or i == running or running >= len(items)
+                 else None) for i, item in enumerate(items)]
 
     def _replace(self, dead: _Child) -> _Child:
         while True:
