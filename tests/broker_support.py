@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -32,7 +32,6 @@ import dispatch_app  # noqa: E402 - the app lives beside the tests, not in a pac
 
 RABBIT = os.environ.get("WORKLEDGER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-T = TypeVar("T")
 
 
 def reachable(host: str, port: int, what: str) -> None:
@@ -42,18 +41,6 @@ def reachable(host: str, port: int, what: str) -> None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"{what} is required in CI but unreachable at {host}:{port}: {exc}")
         pytest.skip(f"{what} unreachable at {host}:{port}: {exc}")
-
-
-def poll(probe: Callable[[], T], what: str, timeout: float = 60.0, every: float = 0.1) -> T:
-    """``probe()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from waiting import poll
 
 from workledger import failpoints
 from workledger.storage import open_store
@@ -44,7 +45,6 @@ S1, S2 = "generate", "deliver"
 LONG = 60.0  # a lease that will not run out during a test
 SHORT = 0.2  # a lease a test waits out (by polling)
 
-V = TypeVar("V")
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -148,20 +148,10 @@ def lease(
     )
 
 
-def poll(probe: Callable[[], V], what: str, timeout: float = 10.0) -> V:
-    """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
 
 def wait_expired(store: Store, run_id: int, n: int) -> None:
-    poll(lambda: store.outlook([run_id]).expired == n, f"{n} expired leases in run {run_id}")
+    poll(lambda: store.outlook([run_id]).expired == n, f"{n} expired leases in run {run_id}",
+         timeout=10.0, every=0.02)
 
 
 def item_events(store: Store, run_id: int) -> list[EventRow]:
@@ -578,7 +568,8 @@ def test_retry_with_delay_is_not_claimable_until_not_before(store: Store) -> Non
     assert claim(store, run.id) == []
     outlook = store.outlook([run.id])
     assert (outlook.ready, outlook.waiting) == (0, 1)
-    again = poll(lambda: claim(store, run.id), "the retry to become claimable")
+    again = poll(lambda: claim(store, run.id), "the retry to become claimable", timeout=10.0,
+                 every=0.02)
     assert time.monotonic() - started >= 0.28
     assert [(i.id, i.error, i.attempts) for i in again] == [(c.id, "busy", 1)]
 

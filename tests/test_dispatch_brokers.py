@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from broker_support import Setup, check_oracle, logs_of, poll, setup_for, wait_settled
+from broker_support import Setup, check_oracle, logs_of, setup_for, wait_settled
+from waiting import poll
 
 pytestmark = pytest.mark.concurrency
 

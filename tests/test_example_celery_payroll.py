@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from broker_support import RABBIT, logs_of, poll, reachable
+from broker_support import RABBIT, logs_of, reachable
+from waiting import poll
 
 from workledger.demos.payroll import message_prefix
 from workledger.demos.smtp_sink import SinkRecords

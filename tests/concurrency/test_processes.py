@@ -13,13 +13,13 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import poll
 
 from workledger.api import differences
 from workledger.storage.port import (
@@ -43,15 +43,8 @@ DEADLINE = 60.0  # seconds any single wait may take before the test fails
 
 def wait_until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE,
                every: float = 0.01) -> Any:
-    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+    """:func:`waiting.poll`, finer: some waits here catch a worker in the middle of a chunk."""
+    return poll(cond, what, timeout, every)
 
 
 class Proc:
