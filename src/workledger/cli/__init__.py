@@ -44,8 +44,8 @@ when given). Every other command reads the ledger alone.
                    "sqlite:///workledger.db]")
 @click.option("--app", envvar="WORKLEDGER_APP", metavar="MODULE:ATTR",
               help="The Ledger object holding your job definitions, e.g. myjobs:ledger (a "
-                   "module name: the current directory is searched after the installed "
-                   "packages). [env WORKLEDGER_APP]")
+                   "module name: the current directory is searched for it after the installed "
+                   "packages, while it loads only). [env WORKLEDGER_APP]")
 @click.version_option(package_name="workledger")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, app: str | None) -> None:

@@ -48,9 +48,8 @@ class Settings:
 def load_app(spec: str) -> Ledger:
     """Import ``module:attribute`` and return the :class:`Ledger` it names.
 
-    The current directory is searched after the standard library and the installed packages
-    (appended to ``sys.path``, not put first), so a ``sqlite3.py`` lying there is never
-    imported in place of the real one."""
+    The current directory is searched for that module only, while it loads (after the
+    standard library and the installed packages): see ``import_app``."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise BadInput(f"cannot load app {spec!r}: expected module:attribute")

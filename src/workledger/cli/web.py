@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,21 @@ def _server() -> Any:
 @click.option("--token-file", metavar="PATH",
               help="Tokens, one 'name:token' (full) or 'name:token:read' (GET only) per line; "
                    "the name is the actor recorded for its actions. Also WORKLEDGER_TOKEN "
-                   "(actor api) and WORKLEDGER_READ_TOKEN (read only).")
+                   "(actor api) and WORKLEDGER_READ_TOKEN (read only). With none, serve "
+                   "makes one and prints a sign-in address that carries it.")
+@click.option("--no-token", is_flag=True,
+              help="With no token configured, answer anyone who reaches the port instead of "
+                   "making one (loopback only).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="A name clients may give in the Host header besides the addresses serve "
+                   "listens on (the name a proxy or a browser uses). Repeatable.")
+@click.option("--forwarded-allow-ips", metavar="IPS",
+              help="The proxies (comma-separated addresses, or *) whose X-Forwarded-For and "
+                   "X-Forwarded-Proto are believed: HTTPS behind such a proxy gets Secure "
+                   "__Host- session cookies. Default: nobody's.")
+@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="A client that has not sent a whole request by then is disconnected.")
 @click.option("--prune-after", metavar="DURATION",
               help="Prune runs finished longer ago than this (e.g. 30d), at start and daily.")
 @click.option("--export-dir", metavar="DIR",
@@ -46,30 +61,52 @@ def _server() -> Any:
 @logs.FORMAT_OPTION
 @logs.LEVEL_OPTION
 @click.pass_obj
-def serve(settings: Settings, host: str, port: int, token_file: str | None,
-          prune_after: str | None, export_dir: str | None, log_format: str,
-          log_level: str) -> None:
+def serve(settings: Settings, host: str, port: int, token_file: str | None, no_token: bool,
+          allowed_hosts: tuple[str, ...], forwarded_allow_ips: str | None,
+          read_timeout: float, prune_after: str | None,
+          export_dir: str | None, log_format: str, log_level: str) -> None:
     """Serve the JSON API (/api), the dashboard (/), /metrics and /healthz over HTTP.
 
-    Prints the address, then serves until SIGINT or SIGTERM. Without a token it listens on
-    loopback only. Jobs for POST /api/jobs/JOB/runs come from --app (loaded); like a worker,
-    it creates the ledger when there is none.
+    Prints the address, then serves until SIGINT or SIGTERM. With no token configured it
+    makes one for its lifetime and prints a sign-in address carrying it; --no-token answers
+    anyone instead, on loopback only. Requests must name this server in Host (an address it
+    listens on, or an --allowed-host). Jobs for POST /api/jobs/JOB/runs come from --app
+    (loaded; the current directory is searched for that module only, not for what is imported
+    later); like a worker, it creates the ledger when there is none. docs/http.md, Deploying,
+    says what a reverse proxy must add beyond loopback.
     """
     logs.configure(log_format, log_level, url_secrets(settings.url))
+    mask_uvicorn_logs()
     load_tokens, server = _server()
     older = parse_duration(prune_after) if prune_after is not None else None
     folder = Path(export_dir) if export_dir is not None else None
     if folder is not None and not folder.is_dir():
         raise BadInput(f"--export-dir {export_dir}: no such folder")
     tokens = load_tokens(token_file)
-    server.check_bind(host, tokens)
+    server.check_bind(host, tokens)  # beyond loopback only with a token of one's own
+    if not tokens.required and not no_token:
+        tokens = tokens.make()
     ledger = settings.ledger(app=True, create=True)  # it takes submissions, like a worker
     ledger.ping()
     # a request waits out a short outage (a restart, a failover), then answers 503
     ledger.wait_out_outages(SERVE_RETRY_FOR)
     server.serve(ledger, host=host, port=port, tokens=tokens, prune_after=older,
-                 export_dir=folder,
-                 announce=lambda url: click.echo(f"workledger serve: {url} ({ledger.where})"))
+                 export_dir=folder, allowed_hosts=allowed_hosts,
+                 forwarded_allow_ips=forwarded_allow_ips,
+                 limits=server.Limits(read_timeout=read_timeout),
+                 announce=lambda line: click.echo(
+                     line if line.startswith("sign in:")
+                     else f"workledger serve: {line} ({ledger.where})"))
+
+
+def mask_uvicorn_logs() -> None:
+    """uvicorn's own loggers (a bad request, an error in the application) through the same
+    masking handler as workledger's, never straight to stderr."""
+    ours = logging.getLogger("workledger")
+    theirs = logging.getLogger("uvicorn")
+    theirs.handlers = [h for h in ours.handlers if getattr(h, "_workledger", False)]
+    theirs.setLevel(logging.WARNING)
+    theirs.propagate = False
 
 
 @click.command()

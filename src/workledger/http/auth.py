@@ -4,21 +4,29 @@ Tokens come from ``WORKLEDGER_TOKEN`` (full access, actor ``api``), ``WORKLEDGER
 (GET only, actor ``read``) and a token file (``--token-file``): one ``name:token`` per line for
 full access, ``name:token:read`` for reading only; blank lines and ``#`` comments are skipped.
 The name is the actor recorded in ``wl_events`` for that token's actions. Without any token
-the server answers everyone, so it refuses to listen beyond loopback (``server.py``).
+``serve`` makes one for its lifetime and prints a sign-in address that carries it (as Jupyter
+does); ``--no-token`` answers everyone instead, on loopback only (``server.py``).
+
+Whatever the tokens, a request must name this server in its ``Host`` header (an address it
+listens on, or a name given with ``--allowed-host``), and a browser's POST must come from such
+an origin: a web page whose name was rebound to 127.0.0.1 is neither.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import os
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from workledger.errors import BadInput
 
-COOKIE = "workledger_token"
+log = logging.getLogger("workledger.http")
 OPEN_ACTOR = "http"  # the actor of actions taken on a server without tokens (loopback only)
 
 
@@ -33,6 +41,13 @@ class Tokens:
     """The tokens a server accepts; empty: no authentication (loopback only)."""
 
     by_token: tuple[tuple[str, Principal], ...] = ()
+    made: bool = False  # made by serve for its lifetime: none was configured
+
+    @classmethod
+    def make(cls) -> Tokens:
+        """One random full-access token for a server started without any (actor ``http``, as
+        for an open server), to be shown to the operator who started it."""
+        return cls(((secrets.token_urlsafe(24), Principal(OPEN_ACTOR, True)),), made=True)
 
     @property
     def required(self) -> bool:
@@ -67,8 +82,12 @@ def load_tokens(token_file: str | None = None) -> Tokens:
     if token_file is not None:
         try:
             text = Path(token_file).read_text()
+            mode = os.stat(token_file).st_mode
         except (OSError, UnicodeDecodeError) as exc:
             raise BadInput(f"cannot read token file {token_file}: {exc}") from exc
+        if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
+            log.warning("token file %s is readable or writable by others (mode %o): "
+                        "chmod 600 it", token_file, stat.S_IMODE(mode))
         for n, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
             if line and not line.startswith("#"):
@@ -85,11 +104,73 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def same_origin(origin: str | None, fetch_site: str | None, host: str | None) -> bool:
-    """Whether a browser's POST comes from this server's own pages. A request without
-    ``Origin`` and ``Sec-Fetch-Site`` is not from a browser form (curl, scripts): allowed."""
+def _split_host(host: str) -> tuple[str, int | None] | None:
+    """``name`` and port of a Host header (``[::1]:8080``, ``localhost``); None if malformed."""
+    try:
+        parts = urlsplit(f"//{host}")
+        return (parts.hostname or ""), parts.port
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """The names a request may give in ``Host`` (and a browser's POST in ``Origin``): the
+    loopback addresses and the one the server listens on, with its port; the names given with
+    ``--allowed-host`` (``name``: any port, ``name:port``: that one); any address literal on a
+    server listening on every address (no DNS name, so nothing to rebind). ``port`` None:
+    any port. ``anywhere``: any Host, and an Origin only the Host's (an application that
+    someone else's server runs, which must check Host itself)."""
+
+    port: int | None = None
+    listen: str = "127.0.0.1"
+    names: tuple[str, ...] = ()
+    anywhere: bool = False
+
+    def allows(self, host: str | None) -> bool:
+        if self.anywhere:
+            return True
+        split = _split_host(host or "")
+        if split is None or not split[0]:
+            return False
+        name, port = split[0].lower(), split[1]
+        for given in self.names:
+            wanted = _split_host(given.lower())
+            if wanted is not None and wanted[0] == name and wanted[1] in (None, port):
+                return True
+        if self.port is not None and port not in (self.port,
+                                                  None if self.port == 80 else self.port):
+            return False
+        return (is_loopback(name) or name == self.listen.strip("[]").lower()
+                or (self.listen in ("0.0.0.0", "::") and _is_address(name)))
+
+    def allows_origin(self, origin: str, host: str | None) -> bool:
+        """A browser's ``Origin``: ``http(s)://`` and an allowed host."""
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or parts.path:
+            return False
+        return parts.netloc == (host or "") if self.anywhere else self.allows(parts.netloc)
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def same_origin(origin: str | None, fetch_site: str | None, hosts: Hosts,
+                host: str | None) -> bool:
+    """Whether a browser's POST comes from this server's own pages: its ``Origin`` must be one
+    of the server's own (never compared with ``Host``, which the page's author may choose). A
+    request without ``Origin`` and ``Sec-Fetch-Site`` is not from a browser form (curl,
+    scripts): allowed."""
     if fetch_site is not None and fetch_site not in ("same-origin", "none"):
         return False
     if origin is None:
         return True
-    return origin != "null" and urlsplit(origin).netloc == (host or "")
+    return origin != "null" and hosts.allows_origin(origin, host)

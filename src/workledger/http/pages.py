@@ -19,9 +19,17 @@ from starlette.concurrency import run_in_threadpool
 from workledger.api import ITEM_STATES, RUN_STATES, Ledger, RunStatus
 from workledger.errors import BadInput, UsageError, WorkledgerError
 from workledger.http import views
-from workledger.http.auth import COOKIE, OPEN_ACTOR
+from workledger.http.auth import OPEN_ACTOR
 from workledger.http.errors import message_of, status_of
 from workledger.http.models import After, RunId, Seq
+from workledger.http.sessions import (
+    COOKIE,
+    SECURE_COOKIE,
+    client_of,
+    cookie_for,
+    session_of,
+    too_many,
+)
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.filters["age"] = views.age
@@ -187,23 +195,47 @@ async def act(request: Request, run_id: RunId, action: str) -> Response:
 
 
 @router.get("/signin", response_class=HTMLResponse)
-def signin_form(request: Request) -> HTMLResponse:
+def signin_form(request: Request, token: str | None = None) -> Response:
+    """The form; with ``?token=`` (the address ``serve`` prints), a sign-in at once."""
+    if token:
+        return sign_in(request, token)
     return signin_page(request)
 
 
 @router.post("/signin")
 async def signin(request: Request) -> Response:
-    token = (await _form(request)).get("token", "")
-    if request.app.state.tokens.who(token) is None:
+    return sign_in(request, (await _form(request)).get("token", ""))
+
+
+def sign_in(request: Request, token: str) -> Response:
+    """A session for a known token (its id in the cookie, never the token); a wrong token
+    counts against the client, which waits once it has sent too many."""
+    client = client_of(request)
+    throttle = request.app.state.throttle
+    if wait := throttle.wait(client):
+        return too_many(request, wait)
+    principal = request.app.state.tokens.who(token)
+    if principal is None:
+        throttle.failed(client)
         return signin_page(request, status_code=401, message="That token is not known here.")
+    sessions = request.app.state.sessions
+    sessions.end(session_of(request))
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    secure = request.url.scheme == "https"
+    response.set_cookie(cookie_for(request), sessions.start(principal), httponly=True,
+                        samesite="strict", secure=secure, path="/",
+                        max_age=int(sessions.lifetime))
     return response
 
 
 @router.post("/signout")
-def signout() -> Response:
+def signout(request: Request) -> Response:
+    """Ends the session on the server (its cookie is worthless from now on), whoever holds it:
+    a read-only user may sign out too."""
+    request.app.state.sessions.end(session_of(request))
     response = RedirectResponse("/signin", status_code=303)
-    response.delete_cookie(COOKIE)
+    for name in (COOKIE, SECURE_COOKIE):
+        if name in request.cookies:
+            response.delete_cookie(name, path="/", secure=name == SECURE_COOKIE,
+                                   httponly=True, samesite="strict")
     return response

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -14,10 +16,28 @@ import uvicorn
 from workledger.api import Ledger
 from workledger.errors import UsageError, WorkledgerError
 from workledger.http.app import create_app
-from workledger.http.auth import Tokens, is_loopback
+from workledger.http.auth import Hosts, Tokens, is_loopback
+from workledger.http.protocol import bounded
 
 log = logging.getLogger("workledger.http")
 DAY = 86400.0
+HEAD_BYTES = 32 * 1024  # a request's line and headers, at most (h11 answers 400 past it)
+KEEP_ALIVE = 5.0  # seconds an idle kept-alive connection stays open
+RESERVED_FILES = 64  # descriptors kept for the database, the log, the listening socket
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much of the machine clients may hold: ``read_timeout`` seconds to send a request,
+    at most ``connections`` open at once (the file descriptor limit less a reserve, at most)."""
+
+    read_timeout: float = 10.0
+    connections: int = 1000
+
+    def within_descriptors(self) -> Limits:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = soft - RESERVED_FILES if soft != resource.RLIM_INFINITY else self.connections
+        return Limits(self.read_timeout, max(min(self.connections, room), 8))
 
 
 def check_bind(host: str, tokens: Tokens) -> None:
@@ -72,17 +92,30 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
           prune_after: float | None = None, export_dir: Path | None = None,
-          announce: Callable[[str], None] = print) -> None:
-    """Listen on ``host:port`` (port 0: any free port), say where, serve until SIGINT/SIGTERM."""
+          allowed_hosts: tuple[str, ...] = (), forwarded_allow_ips: str | None = None,
+          limits: Limits = Limits(), announce: Callable[[str], None] = print) -> None:
+    """Listen on ``host:port`` (port 0: any free port), say where, serve until SIGINT/SIGTERM.
+    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For/-Proto are believed (none: no
+    one's, so a client cannot claim another address to dodge the sign-in throttle)."""
     check_bind(host, tokens)
-    app = create_app(ledger, tokens, export_dir)
     sock = listen(host, port)
+    bound = sock.getsockname()[1]
+    app = create_app(ledger, tokens, export_dir, Hosts(bound, host, allowed_hosts))
     shown = f"[{host}]" if ":" in host else host
-    announce(f"http://{shown}:{sock.getsockname()[1]}/")
+    announce(f"http://{shown}:{bound}/")
+    if tokens.made:
+        address = "127.0.0.1" if host in ("0.0.0.0", "::") else shown
+        announce(f"sign in: http://{address}:{bound}/signin?token={tokens.by_token[0][0]}")
     pruner = DailyPrune(ledger, prune_after) if prune_after is not None else None
     if pruner is not None:
         pruner.start()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    limits = limits.within_descriptors()
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="warning", access_log=False, log_config=None, ws="none",
+        http=bounded(limits.read_timeout, limits.connections),
+        h11_max_incomplete_event_size=HEAD_BYTES, limit_concurrency=limits.connections + 1,
+        timeout_keep_alive=int(KEEP_ALIVE), proxy_headers=forwarded_allow_ips is not None,
+        forwarded_allow_ips=forwarded_allow_ips, server_header=False))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
     # handler it found: a quiet one here, so a requested stop exits 0
     previous = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -63,16 +63,26 @@ Ran = tuple[ClaimedItem, "Outcome | HolderLost | None"]  # None: never started
 
 def import_app(spec: str) -> Any:
     """The object ``module:attribute`` names: the CLI's ``--app``, and what a handler process
-    imports. The current directory is searched after the standard library and the installed
-    packages (appended to ``sys.path``), so a ``sqlite3.py`` lying there is never imported in
-    place of the real one."""
+    imports. The current directory is searched for the app's module (after the standard
+    library and the installed packages, so a ``sqlite3.py`` lying there is never imported in
+    place of the real one) only while that module loads: it is taken off ``sys.path`` again,
+    so a file there (a ``websockets.py``) cannot replace a module imported later."""
     module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # as the CLI's --app: the current folder, after libraries
-    obj: Any = importlib.import_module(module_name)
+    obj: Any = _import_beside(module_name, os.getcwd())
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _import_beside(module_name: str, folder: str) -> Any:
+    added = folder not in sys.path
+    if added:
+        sys.path.append(folder)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
 
 
 def find_app(obj: Any) -> str:
