@@ -63,7 +63,7 @@ __all__ = ["CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS", "RUN_
            "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
            "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
            "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
-           "parse_duration", "since_time", "url_secrets", "visible"]
+           "open_private", "parse_duration", "since_time", "url_secrets", "visible"]
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 # Every state core/status.py:derive can give a run.
@@ -620,6 +620,13 @@ def _forget_after_fork(ref: weakref.ReferenceType[Ledger]) -> None:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+def open_private(path: str | os.PathLike[str]) -> TextIO:
+    """``path`` opened to append text, created readable and writable by its owner only
+    (``0600``, whatever the umask): an export holds payloads and results."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def since_time(text: str, now: datetime | None = None) -> str:
     """A cutoff as the ledger writes times (UTC, fixed width): ``30m``, ``24h``, ``7d``, ``2w``
     ago, or an ISO date or time (``2026-11-30``, ``2026-11-30T09:00:00+01:00``).
@@ -627,7 +634,11 @@ def since_time(text: str, now: datetime | None = None) -> str:
     text = text.strip()
     amount, unit = text[:-1], text[-1:].lower()
     if unit in _UNITS and amount.isdigit():
-        when = (now or datetime.now(UTC)) - timedelta(seconds=int(amount) * _UNITS[unit])
+        try:
+            when = (now or datetime.now(UTC)) - timedelta(seconds=int(amount) * _UNITS[unit])
+        except (OverflowError, ValueError):  # further back than any date: beyond year 1
+            raise BadInput(f"--since {text!r}: an age beyond year 1; give a smaller one "
+                           "(30m, 24h, 7d, 2w)") from None
     else:
         try:
             when = datetime.fromisoformat(text)

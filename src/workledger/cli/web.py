@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from workledger.api import parse_duration, url_secrets
+from workledger.api import open_private, parse_duration, url_secrets
 from workledger.cli import logs
 from workledger.cli.output import echo_json
 from workledger.cli.settings import Settings
@@ -132,7 +132,7 @@ def prune(settings: Settings, finished_before: str, job: str | None, dry_run: bo
         out = None
         if export is not None and not dry_run:
             try:
-                out = stack.enter_context(open(export, "a", encoding="utf-8"))  # noqa: SIM115
+                out = stack.enter_context(open_private(export))
             except OSError as exc:
                 raise BadInput(f"cannot write export file {export}: {exc.strerror}") from exc
         report = ledger.prune(older, job=job, dry_run=dry_run, export=out)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from workledger.api import Ledger, parse_duration, since_time
+from workledger.api import Ledger, open_private, parse_duration, since_time
 from workledger.errors import BadInput, DecompositionFailed, UsageError
 from workledger.http.auth import OPEN_ACTOR
 from workledger.http.errors import ERROR_RESPONSES, error_json
@@ -42,6 +42,7 @@ from workledger.shapes import (
 )
 
 router = APIRouter(prefix="/api", responses=ERROR_RESPONSES)
+NAME_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many")]
 
 
@@ -195,11 +196,17 @@ def prune(request: Request, params: PruneRequest) -> JSONResponse:
 
 
 def export_file(request: Request, name: str) -> Any:
-    """A file in serve's ``--export-dir``, opened to append (a name, never a path)."""
+    """A file in serve's ``--export-dir``, opened to append (a name, never a path), created
+    readable by its owner only: it holds payloads and results."""
     folder: Path | None = request.app.state.export_dir
     if folder is None:
         raise BadInput("export needs the server started with --export-dir")
     if not name or "/" in name or "\\" in name or name.startswith(".") or "\x00" in name:
         raise BadInput("export must be a plain file name (no folder)")
-    return (folder / name).open("a", encoding="utf-8")
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_BYTES:
+        raise BadInput(f"export: a file name of at most {NAME_BYTES} bytes")
+    try:
+        return open_private(folder / name)
+    except OSError as exc:
+        raise BadInput(f"export: cannot write {name}: {exc.strerror or exc}") from exc
 

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,13 @@ def _begin(conn: sqlite3.Connection) -> None:
     conn.execute(f"BEGIN {conn.isolation_level}")
 
 
+def _create_private(path: str) -> None:
+    """A new ledger file is its owner's only (0600, whatever the umask): it holds payloads and
+    results. SQLite gives the -wal and -shm files it makes the database file's mode."""
+    with suppress(OSError):  # it exists (kept as it is), or sqlite3 says below why not
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class SqliteStore(LedgerStore[sqlite3.Connection]):
     dialect = "sqlite"
     label = "SQLite"
@@ -104,6 +111,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             parent = Path(path).resolve().parent  # open_store expanded ~ already
             if not parent.is_dir():
                 raise DatabaseUnavailable(f"cannot open SQLite database {path}: no folder {parent}")
+            _create_private(path)
         try:
             self._conn = sqlite3.connect(
                 path, timeout=timeout, isolation_level=None, check_same_thread=False
