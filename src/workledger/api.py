@@ -27,7 +27,7 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.runtime import inputs, operations, overview, retention
-from workledger.runtime.audit import AuditFilter, Finding, audit
+from workledger.runtime.audit import AuditFilter, AuditPage, Finding, audit, audit_page
 from workledger.runtime.decompose import decompose
 from workledger.runtime.delivery import Delivery
 from workledger.runtime.dispatch import Broker, Outbox, dispatching
@@ -59,7 +59,8 @@ from workledger.storage.port import (
 
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime, the storage
 # and the core only through this module (the input limits, masking and showing text).
-__all__ = ["CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS", "RUN_STATES",
+__all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS",
+           "RUN_STATES",
            "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
            "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
            "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
@@ -447,6 +448,13 @@ class Ledger:
         job, or since a time (``since_time("24h")``) only. A finding with ``needs_person``
         false is moved by a process, or was reviewed (within tolerance, acknowledged)."""
         return audit(self.store, self.jobs, AuditFilter(run_id, job, since))
+
+    def audit_page(self, *, run_id: int | None = None, job: str | None = None,
+                   since: str | None = None, limit: int = 1000, after: str | None = None
+                   ) -> AuditPage:
+        """:meth:`audit` a page at a time: at most ``limit`` findings from the cursor
+        ``after`` (the previous page's ``next``) on."""
+        return audit_page(self.store, self.jobs, AuditFilter(run_id, job, since), limit, after)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -177,11 +177,16 @@ def audit(request: Request,
           run: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
           job: str | None = None,
           since: Annotated[str | None, Query(description="an age (24h, 7d) or ISO time")] = None,
+          limit: Limit = 1000,
+          after: Annotated[str | None, Query(pattern=r"^[0-9]\.[0-9]{1,19}$",
+                                             description="the last page's next")] = None,
           ) -> JSONResponse:
     cutoff = since_time(since) if since is not None else None
-    findings = ledger_of(request).audit(run_id=run, job=job, since=cutoff)
-    return reply({"findings": [finding_dict(f) for f in findings],
-                 "needs_person": any(f.needs_person for f in findings)})
+    page = ledger_of(request).audit_page(run_id=run, job=job, since=cutoff, limit=limit,
+                                         after=after)
+    return reply({"findings": [finding_dict(f) for f in page.findings],
+                  "needs_person": any(f.needs_person for f in page.findings),
+                  "next": page.next})
 
 
 @router.post("/prune", response_model=PruneBody)

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workledger.core.limits import DOCUMENT_BYTES
+from workledger.api import limits
 from workledger.http import errors, pages
 from workledger.http.auth import OPEN_ACTOR, Principal, Tokens, same_origin
 from workledger.http.sessions import Sessions, Throttle, client_of, session_of, too_many
@@ -41,7 +41,7 @@ def body_limit(path: str) -> int:
     if path in ("/signin", "/signout"):
         return 4 * KIB
     if SUBMISSION.fullmatch(path):
-        return DOCUMENT_BYTES + ENVELOPE
+        return limits.DOCUMENT_BYTES + ENVELOPE
     return 64 * KIB
 
 

@@ -105,7 +105,8 @@ class FindingBody(BaseModel):
 
 class AuditBody(BaseModel):
     findings: list[FindingBody]
-    needs_person: bool
+    needs_person: bool = Field(description="whether a finding of this page needs a person")
+    next: str | None = Field(description="the cursor of the next page (after=...), or null")
 
 
 class Difference(BaseModel):

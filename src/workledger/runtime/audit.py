@@ -3,12 +3,13 @@
 A finding either needs a person now (``needs_person``) or does not: either a process will move
 it (the sweeper, a worker), or a person has already reviewed it (``reviewed`` says how: the
 failure is within the tolerance of a finished run, or it was acknowledged with ``ack`` after it
-failed). Everything is read a page at a time, so nothing is silently left out.
+failed). Everything is read a page at a time, so nothing is silently left out; the filters
+(run, job, since) are in the queries, and ``audit_page`` lists a page of findings at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,11 +19,12 @@ from workledger.core.status import (
     PERMANENT_DECOMPOSITION,
     decomposer_needs_person,
 )
+from workledger.errors import BadInput
 from workledger.runtime.jobs import Job
 from workledger.runtime.operations import ACKNOWLEDGED
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.status import decompose_failures, status_of
-from workledger.storage.port import EventRow, ItemRow, RunRow, Store
+from workledger.storage.port import AuditItems, EventRow, ItemRow, RunRow, Store
 
 PAGE = 1000
 
@@ -98,20 +100,80 @@ class _Runs:
         return None
 
 
+Position = tuple[int, int]  # (section, run or item id): where a page of findings ends
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    """A page of findings and the cursor of the next (``after=``), None on the last page."""
+
+    findings: list[Finding]
+    next: str | None
+
+
 def audit(store: Store, jobs: Mapping[str, Job], where: AuditFilter | None = None
           ) -> list[Finding]:
+    """Every finding the filter keeps."""
     where = where or AuditFilter()
+    return [f for _, f in _positioned(store, jobs, where, (0, 0))]
+
+
+def audit_page(store: Store, jobs: Mapping[str, Job], where: AuditFilter, limit: int,
+               after: str | None = None) -> AuditPage:
+    """At most ``limit`` findings from the cursor ``after`` on (a previous page's ``next``).
+    The run, job and time filters are in the queries: a filter that matches little reads
+    little, however many findings the ledger holds."""
+    found: list[Finding] = []
+    last: Position = (0, 0)
+    for position, finding in _positioned(store, jobs, where, parse_cursor(after)):
+        if len(found) == limit:
+            return AuditPage(found, f"{last[0]}.{last[1]}")
+        found.append(finding)
+        last = position
+    return AuditPage(found, None)
+
+
+def parse_cursor(text: str | None) -> Position:
+    if text is None:
+        return (0, 0)
+    section, _, after = text.partition(".")
+    if not (section.isdigit() and after.isdigit() and len(after) < 20):
+        raise BadInput(f"after {text!r}: give the next of the previous page")
+    return int(section), int(after)
+
+
+def _positioned(store: Store, jobs: Mapping[str, Job], where: AuditFilter, start: Position
+                ) -> Iterator[tuple[Position, Finding]]:
+    """The findings in a fixed order, each with its position, from after ``start`` on."""
     runs = _Runs(store, jobs)
-    found = [*_undecomposed(store), *_expired(store, runs), *_attention(store, runs),
-             *_unclosed(store, jobs), *_drift(store, jobs, where)]
-    return [f for f in found if where.keeps(runs.row(f.run_id), f.since)]
+    sections: list[Callable[[int], Iterable[tuple[int, Finding]]]] = [
+        lambda after: _by_run(_deferred(store), after),
+        lambda after: _by_run(_undecomposed(store), after),
+        lambda after: _expired(store, runs, where, after),
+        lambda after: _attention(store, runs, where, after),
+        lambda after: _by_run(_unclosed(store, jobs), after),
+        lambda after: _by_run(_drift(store, jobs, where), after)]
+    for number, section in enumerate(sections):
+        if number < start[0]:
+            continue
+        for key, finding in section(start[1] if number == start[0] else 0):
+            if where.keeps(runs.row(finding.run_id), finding.since):
+                yield (number, key), finding
 
 
-def _undecomposed(store: Store) -> Iterator[Finding]:
+def _by_run(found: Iterable[Finding], after: int) -> list[tuple[int, Finding]]:
+    """A section of run findings (a run at most once each), ordered by run, past ``after``."""
+    return sorted(((f.run_id, f) for f in found if f.run_id > after), key=lambda p: p[0])
+
+
+def _deferred(store: Store) -> Iterator[Finding]:
     for run in store.runs_deferred(None, 1000):
         yield Finding("not_decomposed", run.id, str(run.created_at),
                       "a worker or the sweeper: takes it at once (recorded in a caller's "
                       "transaction) and decomposes it from the retained payload", False)
+
+
+def _undecomposed(store: Store) -> Iterator[Finding]:
     for run in store.runs_undecomposed(0.0):
         failures = decompose_failures(store, run)
         person = decomposer_needs_person(run.error, failures)
@@ -137,32 +199,35 @@ def _stage_path(job: Job | None, stage: str) -> str:
     return "sweeper: to unknown, then a person: workledger resolve"
 
 
-def _paged(read: Any) -> Iterator[ItemRow]:
-    after = 0
-    while page := read(after):
+def _paged(store: Store, kind: str, where: AuditFilter, after: int
+           ) -> Iterator[ItemRow]:
+    while page := store.items_audit(AuditItems(kind, where.run_id, where.job, where.since,
+                                               after, PAGE)):
         yield from page
         after = page[-1].id
 
 
-def _expired(store: Store, runs: _Runs) -> Iterator[Finding]:
-    for i in _paged(lambda after: store.leases_expired(PAGE, after)):
-        yield Finding("expired_lease", i.run_id, str(i.lease_until),
-                      _stage_path(runs.job(i.run_id), i.stage), False, i.stage, i.seq)
+def _expired(store: Store, runs: _Runs, where: AuditFilter, after: int
+             ) -> Iterator[tuple[int, Finding]]:
+    for i in _paged(store, "expired", where, after):
+        yield i.id, Finding("expired_lease", i.run_id, str(i.lease_until),
+                            _stage_path(runs.job(i.run_id), i.stage), False, i.stage, i.seq)
 
 
-def _attention(store: Store, runs: _Runs) -> Iterator[Finding]:
-    for i in _paged(lambda after: store.items_attention(["unknown", "failed"], PAGE, after)):
+def _attention(store: Store, runs: _Runs, where: AuditFilter, after: int
+               ) -> Iterator[tuple[int, Finding]]:
+    for i in _paged(store, "attention", where, after):
         if i.state == "failed":
-            yield _failure(i, runs)
+            yield i.id, _failure(i, runs)
         elif i.error == AWAITING_VERIFY:
-            yield Finding("unknown", i.run_id, str(i.updated_at),
-                          "sweeper: asks the stage's verify hook", False, i.stage, i.seq,
-                          i.error)
+            yield i.id, Finding("unknown", i.run_id, str(i.updated_at),
+                                "sweeper: asks the stage's verify hook", False, i.stage,
+                                i.seq, i.error)
         else:
             path = (f"a person: workledger resolve {i.run_id} --stage {i.stage} --item {i.seq}"
                     " --as processed|failed|pending")
-            yield Finding("unknown", i.run_id, str(i.updated_at), path, True, i.stage,
-                          i.seq, i.error)
+            yield i.id, Finding("unknown", i.run_id, str(i.updated_at), path, True, i.stage,
+                                i.seq, i.error)
 
 
 def _failure(i: ItemRow, runs: _Runs) -> Finding:
@@ -195,6 +260,8 @@ def _unclosed(store: Store, jobs: Mapping[str, Job]) -> Iterator[Finding]:
 
 def _drift(store: Store, jobs: Mapping[str, Job], where: AuditFilter) -> Iterator[Finding]:
     for run in _runs(store, where):
+        if not where.keeps(run, str(run.created_at)):
+            continue  # not asked for: no reconcile
         job = jobs.get(run.job)
         stages = [s.name for s in job.stages] if job else []
         diff = differences(reconcile(store, run.id, stages, dry_run=True))

@@ -23,6 +23,7 @@ from workledger.storage.dialect import C, Connection
 from workledger.storage.dispatching import Dispatching
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
+    AuditItems,
     ClaimedItem,
     ClaimParams,
     EventRow,
@@ -483,6 +484,13 @@ class LedgerStore(Overview[C], Dispatching[C]):
 
     def leases_expired(self, limit: int = 1000, after_id: int = 0) -> list[ItemRow]:
         rows = self._read(self.Q["leases_expired"], {"limit": limit, "after_id": after_id})
+        return [self._item(r) for r in rows]
+
+    def items_audit(self, params: AuditItems) -> list[ItemRow]:
+        query = self.Q["audit_expired"] if params.kind == "expired" else self.Q["audit_attention"]
+        rows = self._read(query, {
+            "run_id": params.run_id, "job": params.job, "since": params.since,
+            "after_id": params.after_id, "limit": params.limit})
         return [self._item(r) for r in rows]
 
     # -- events ------------------------------------------------------------------------------

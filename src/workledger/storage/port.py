@@ -73,6 +73,20 @@ class StageLimit:
 
 
 @dataclass(frozen=True)
+class AuditItems:
+    """The items an audit lists, a page at a time: ``expired`` (claimed, their lease run out)
+    or ``attention`` (failed or unknown); of one run, of one job's runs, changed (or expired)
+    since a time as stored."""
+
+    kind: str  # "expired" or "attention"
+    run_id: int | None = None
+    job: str | None = None
+    since: str | None = None
+    after_id: int = 0
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
 class ClaimParams:
     run_id: int
     limit: int
@@ -391,6 +405,7 @@ class Store(Protocol):
     def items_attention(self, states: Sequence[str], limit: int = 1000,
                         after_id: int = 0) -> list[ItemRow]: ...
     def leases_expired(self, limit: int = 1000, after_id: int = 0) -> list[ItemRow]: ...
+    def items_audit(self, params: AuditItems) -> list[ItemRow]: ...
 
     def runs_undecomposed(self, grace_seconds: float, backoff: float = 0.0) -> list[RunRow]: ...
     def runs_to_close(self, jobs: Sequence[str], stage: str) -> list[int]: ...

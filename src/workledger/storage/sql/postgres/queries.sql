@@ -387,6 +387,26 @@ SELECT * FROM wl_items
 WHERE state = 'claimed' AND lease_until < now() AND id > %(after_id)s
 ORDER BY id LIMIT %(limit)s;
 
+-- name: audit_attention
+-- The failed and unknown items an audit lists: of one run, of one job's runs, changed since.
+SELECT * FROM wl_items
+WHERE state IN ('failed', 'unknown')
+  AND (%(run_id)s::bigint IS NULL OR run_id = %(run_id)s::bigint)
+  AND (%(job)s::text IS NULL OR run_id IN (SELECT id FROM wl_runs WHERE job = %(job)s::text))
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+  AND id > %(after_id)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: audit_expired
+-- The claimed items whose lease ran out that an audit lists, filtered as audit_attention.
+SELECT * FROM wl_items
+WHERE state = 'claimed' AND lease_until < now()
+  AND (%(run_id)s::bigint IS NULL OR run_id = %(run_id)s::bigint)
+  AND (%(job)s::text IS NULL OR run_id IN (SELECT id FROM wl_runs WHERE job = %(job)s::text))
+  AND (%(since)s::timestamptz IS NULL OR lease_until >= %(since)s::timestamptz)
+  AND id > %(after_id)s
+ORDER BY id LIMIT %(limit)s;
+
 -- name: runs_undecomposed
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at

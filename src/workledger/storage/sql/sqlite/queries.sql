@@ -359,6 +359,26 @@ WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
   AND id > :after_id
 ORDER BY id LIMIT :limit;
 
+-- name: audit_attention
+-- The failed and unknown items an audit lists: of one run, of one job's runs, changed since.
+SELECT * FROM wl_items INDEXED BY wl_items_attention
+WHERE state IN ('failed', 'unknown')
+  AND (:run_id IS NULL OR run_id = :run_id)
+  AND (:job IS NULL OR run_id IN (SELECT id FROM wl_runs WHERE job = :job))
+  AND (:since IS NULL OR updated_at >= :since)
+  AND id > :after_id
+ORDER BY id LIMIT :limit;
+
+-- name: audit_expired
+-- The claimed items whose lease ran out that an audit lists, filtered as audit_attention.
+SELECT * FROM wl_items INDEXED BY wl_items_leased
+WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+  AND (:run_id IS NULL OR run_id = :run_id)
+  AND (:job IS NULL OR run_id IN (SELECT id FROM wl_runs WHERE job = :job))
+  AND (:since IS NULL OR lease_until >= :since)
+  AND id > :after_id
+ORDER BY id LIMIT :limit;
+
 -- name: runs_undecomposed
 -- No new row for `grace` seconds (inclusive: grace 0 includes a run created this millisecond).
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
