@@ -1,7 +1,8 @@
 """Every error over HTTP is ``{"error": "<one line>"}`` with a status that says whose it is.
 
-``UnknownRun``/``UnknownJob`` 404, ``PayloadMismatch`` 422, ``BadInput`` and a malformed request
-400, any other ``UsageError`` (a refusal) 409, ``DatabaseUnavailable`` 503; anything else 500
+``UnknownRun``/``UnknownJob`` 404, ``PayloadMismatch`` 422, ``BadInput``, a malformed request
+and a Host that is not the server's 400, a body over its route's limit 413, too many wrong
+tokens 429, any other ``UsageError`` (a refusal) 409, ``DatabaseUnavailable`` 503; anything else 500
 with a generic message, never a traceback or a database URL.
 """
 
@@ -106,8 +107,11 @@ async def on_any_error(request: Request, exc: Exception) -> JSONResponse:
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
-        (400, "bad input: an unknown filter, a negative limit, malformed JSON"),
+        (400, "bad input: an unknown filter, a negative limit, malformed JSON; a Host that "
+              "is not this server's"),
         (401, "no token, or an unknown one"), (403, "a read-only token, or another origin"),
         (404, "no such run, job or item"), (409, "refused in the run's present state"),
+        (413, "the body is over the route's limit"),
         (422, "the idempotency key names a run with another payload"),
+        (429, "too many wrong tokens from this client: Retry-After says when to try again"),
         (500, "an internal error"), (503, "the database does not answer"))}

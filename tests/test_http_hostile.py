@@ -1,0 +1,339 @@
+"""A real ``workledger serve`` on loopback against what an attacker on the same machine, or a
+web page its operator visits, can send: rebound names in Host and Origin, guessed tokens,
+stolen cookies after sign-out, oversize bodies and headers, slow and half-open clients under a
+low descriptor limit. Memory is read from /proc; every request is a real one."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_support import Served, raw, served
+from waiting import poll
+from web_support import build, cli_env
+
+pytestmark = pytest.mark.integration
+EVIL = "rebind.evil.example"
+MIB = 1024 * 1024
+
+
+def forged(server: Served, name: str = EVIL) -> dict[str, str]:
+    """What a browser sends from a page whose name was rebound to 127.0.0.1."""
+    origin = f"http://{name}:{server.port}"
+    return {"Host": f"{name}:{server.port}", "Origin": origin, "Sec-Fetch-Site": "same-origin"}
+
+
+def test_a_rebound_name_can_neither_read_nor_act_on_a_server_started_without_a_token(
+        sqlite_url: str, tmp_path: Path) -> None:
+    ledger = build(sqlite_url)
+    run = ledger.submit("numbers", {"n": 3}, key="k").run_id
+    with served(sqlite_url, cwd=tmp_path) as server:
+        cancel = server.post(f"runs/{run}/do/cancel", data={"note": "x"}, headers=forged(server),
+                             follow_redirects=False)
+        assert cancel.status_code == 400 and "Host" in cancel.json()["error"]
+        submit = server.post("api/jobs/numbers/runs", json={"n": 1}, headers=forged(server))
+        assert submit.status_code == 400
+        page = server.get("", headers=forged(server))
+        assert page.status_code == 400 and "run-card" not in page.text
+    assert ledger.status(run).state == "running" and len(ledger.runs()) == 1
+    ledger.close()
+
+
+def test_a_server_without_a_token_makes_one_and_prints_a_sign_in_address(
+        sqlite_url: str, tmp_path: Path) -> None:
+    with served(sqlite_url, cwd=tmp_path) as server:
+        assert server.token and len(server.token) >= 24
+        assert server.get("api/runs").status_code == 401  # another user of this machine
+        assert server.get("api/runs", headers=server.bearer()).status_code == 200
+        with httpx.Client(base_url=server.url) as browser:
+            signed = browser.get(f"signin?token={server.token}", follow_redirects=False)
+            assert signed.status_code == 303 and server.token not in signed.headers["set-cookie"]
+            assert browser.get("/").status_code == 200
+    with served(sqlite_url, "--no-token", cwd=tmp_path) as open_server:  # the old way, asked for
+        assert open_server.token is None
+        assert open_server.get("api/runs").status_code == 200
+
+
+def test_host_and_origin_must_name_this_server_or_an_allowed_host(
+        sqlite_url: str, tmp_path: Path) -> None:
+    build(sqlite_url).submit("numbers", {"n": 1}, key="k")
+    env = cli_env(WORKLEDGER_TOKEN="t0")
+    with served(sqlite_url, "--allowed-host", "wl.example", cwd=tmp_path, env=env) as server:
+        auth = server.bearer("t0")
+        for host in ("127.0.0.1", "localhost", "127.0.0.1"):
+            assert server.get("api/runs", headers={**auth, "Host": f"{host}:{server.port}"}
+                              ).status_code == 200, host
+        assert server.get("api/runs", headers={**auth, "Host": "wl.example"}).status_code == 200
+        for host in (f"{EVIL}:{server.port}", f"localhost:{server.port + 1}", "", "a b",
+                     f"127.0.0.1.{EVIL}:{server.port}"):
+            assert server.get("api/runs", headers={**auth, "Host": host}).status_code == 400, host
+        # Origin against the server's own origins, not against the Host the page chose
+        behind_proxy = {**auth, "Origin": "https://wl.example", "Sec-Fetch-Site": "same-origin"}
+        assert server.post("runs/1/do/pause", data={}, headers=behind_proxy,
+                           follow_redirects=False).status_code == 303
+        other = {**auth, "Origin": f"http://{EVIL}:{server.port}"}
+        assert server.post("runs/1/do/resume", data={}, headers=other).status_code == 403
+
+
+def test_every_response_carries_the_security_headers(sqlite_url: str, tmp_path: Path) -> None:
+    with served(sqlite_url, cwd=tmp_path) as server:
+        for path in ("", "signin", "api/runs", "static/style.css", "healthz", "nowhere"):
+            headers = server.get(path).headers
+            csp = headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, path
+            assert "unsafe-eval" not in csp and "'unsafe-inline'" not in csp.split(
+                "script-src")[1].split(";")[0]
+            assert headers["x-frame-options"] == "DENY", path
+            assert headers["x-content-type-options"] == "nosniff", path
+            assert headers["referrer-policy"] == "same-origin", path
+
+
+def test_the_sign_in_cookie_is_a_session_that_sign_out_ends(sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:t-alice\nviewer:t-view:read\n")
+    tokens.chmod(0o600)
+    with served(sqlite_url, "--token-file", str(tokens), cwd=tmp_path) as server:
+        for token in ("t-alice", "t-view"):
+            with httpx.Client(base_url=server.url) as browser:
+                signed = browser.post("signin", data={"token": token}, follow_redirects=False)
+                cookie = signed.headers["set-cookie"]
+                assert token not in cookie and "HttpOnly" in cookie and "Max-Age=" in cookie
+                stolen = dict(browser.cookies)
+                assert browser.get("/").status_code == 200
+                out = browser.post("signout", follow_redirects=False)  # a reader too
+                assert out.status_code == 303, token
+                again = httpx.get(server.url, cookies=stolen)
+                assert again.status_code == 401 and 'name="token"' in again.text, token
+
+
+def test_behind_a_trusted_tls_proxy_the_session_cookie_is_host_prefixed_and_secure(
+        sqlite_url: str, tmp_path: Path) -> None:
+    env = cli_env(WORKLEDGER_TOKEN="t0")
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "192.0.2.7"}
+    with served(sqlite_url, "--forwarded-allow-ips", "127.0.0.1", cwd=tmp_path,
+                env=env) as server:
+        cookie = server.post("signin", data={"token": "t0"}, headers=https,
+                             follow_redirects=False).headers["set-cookie"]
+        assert cookie.startswith("__Host-workledger_session=") and "Secure" in cookie
+        assert "Path=/" in cookie and "Domain" not in cookie
+    with served(sqlite_url, cwd=tmp_path, env=env) as server:  # no proxy trusted
+        cookie = server.post("signin", data={"token": "t0"}, headers=https,
+                             follow_redirects=False).headers["set-cookie"]
+        assert cookie.startswith("workledger_session=") and "Secure" not in cookie
+
+
+def test_wrong_tokens_are_throttled_per_client(sqlite_url: str, tmp_path: Path) -> None:
+    env = cli_env(WORKLEDGER_TOKEN="right-token")
+    with served(sqlite_url, cwd=tmp_path, env=env) as server:
+        answers = [server.get("api/runs", headers=server.bearer(f"guess-{n}")).status_code
+                   for n in range(30)]
+        assert answers[:10] == [401] * 10 and set(answers[10:]) == {429}
+        blocked = server.get("api/runs", headers=server.bearer("right-token"))
+        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+        form = server.post("signin", data={"token": "right-token"})
+        assert form.status_code == 429  # the form shares the client's count
+        spoofed = server.get("api/runs", headers={**server.bearer("right-token"),
+                                                  "X-Forwarded-For": "192.0.2.99"})
+        assert spoofed.status_code == 429  # no proxy is trusted: the header changes nothing
+        other = raw(server, b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                    b"Authorization: Bearer right-token\r\nConnection: close\r\n\r\n"
+                    % server.port, source="127.0.0.2")
+        assert other.startswith(b"HTTP/1.1 200"), other[:80]  # another client is not held up
+
+
+def _peak_mib(server: Served) -> float:
+    return server.status("VmHWM") / 1024
+
+
+def test_an_oversize_body_is_refused_before_it_is_read(sqlite_url: str, tmp_path: Path
+                                                       ) -> None:
+    env = cli_env(WORKLEDGER_TOKEN="t0")
+    with served(sqlite_url, cwd=tmp_path, env=env) as server:
+        before = _peak_mib(server)
+        head = (b"POST /signin HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: %d\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n")
+        with server.connect() as sock:
+            sock.sendall(head % (server.port, 100 * MIB))
+            sent = 0
+            try:
+                while sent < 100 * MIB:
+                    sock.sendall(b"t" * MIB)
+                    sent += MIB
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            sock.settimeout(10)
+            try:
+                answer = sock.recv(4096)
+            except ConnectionResetError:
+                answer = b""
+        assert sent < 100 * MIB or answer.startswith(b"HTTP/1.1 413"), answer[:80]
+        chunked = raw(server, b"POST /signin HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n" % server.port
+                      + b"100000\r\n" + b"t" * 0x100000 + b"\r\n0\r\n\r\n")
+        assert chunked.startswith(b"HTTP/1.1 413"), chunked[:80]
+        action = server.post("runs/1/do/pause", content=b"note=" + b"x" * MIB,
+                             headers=server.bearer("t0"))
+        assert action.status_code == 413 and "body" in action.json()["error"]
+        assert _peak_mib(server) - before < 16, (before, _peak_mib(server))
+
+
+def test_an_oversize_header_is_a_400_and_costs_no_memory(sqlite_url: str, tmp_path: Path
+                                                         ) -> None:
+    with served(sqlite_url, cwd=tmp_path) as server:
+        before = _peak_mib(server)
+        for _ in range(4):
+            with server.connect() as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+                answer, sent = b"", 0
+                try:
+                    while sent < 50 * MIB:
+                        sock.sendall(b"a" * MIB)
+                        sent += MIB
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                sock.settimeout(5)
+                try:
+                    answer = sock.recv(4096)
+                except (ConnectionResetError, TimeoutError):
+                    pass
+            assert sent < 50 * MIB, "the server read a 50 MiB header"
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:80]
+        assert _peak_mib(server) - before < 16, (before, _peak_mib(server))
+        assert server.get("healthz").status_code == 200
+
+
+def _closed_by_server(sock: socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_client_too_slow_to_send_its_request_is_disconnected(sqlite_url: str,
+                                                                tmp_path: Path) -> None:
+    env = cli_env(WORKLEDGER_TOKEN="t0")
+    with served(sqlite_url, "--read-timeout", "1", cwd=tmp_path, env=env) as server:
+        head = server.connect()
+        head.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the end
+        body = server.connect()
+        body.sendall(b"POST /api/runs/1/pause HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                     b"Authorization: Bearer t0\r\nContent-Length: 100\r\n\r\n{"
+                     % server.port)
+        started = time.monotonic()
+        assert _closed_by_server(head, 20) and _closed_by_server(body, 20)
+        assert time.monotonic() - started < 15
+        head.close()
+        body.close()
+        assert server.get("healthz").status_code == 200
+
+
+def test_half_open_connections_under_a_low_descriptor_limit_leave_healthz_answering(
+        sqlite_url: str, tmp_path: Path) -> None:
+    with served(sqlite_url, cwd=tmp_path, nofile=256) as server:
+        held = []
+        try:
+            for _ in range(300):
+                sock = server.connect()
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                held.append(sock)
+            # well before the read timeout (10 s) would close the half-open ones
+            health = poll(lambda: _healthy(server), "/healthz with 300 half-open requests",
+                          timeout=7)
+            assert health
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def _healthy(server: Served) -> bool:
+    try:
+        return httpx.get(server.url + "healthz", timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_bad_input_is_a_400_and_a_client_hanging_up_writes_no_log(
+        sqlite_url: str, tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    with served(sqlite_url, "--export-dir", str(exports), cwd=tmp_path) as server:
+        auth = server.bearer()
+        since = server.get("api/audit?since=1000000d", headers=auth)
+        assert since.status_code == 400 and "year" in since.json()["error"]
+        prune = server.post("api/prune", headers=auth,
+                            json={"finished_before": "1d", "export": "x" * 300})
+        assert prune.status_code == 400 and list(prune.json()) == ["error"]
+        for _ in range(10):
+            with server.connect() as sock:
+                sock.sendall(b"POST /signin HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             b"Content-Length: 1000\r\n\r\ntoken=abc")
+        assert server.get("healthz").status_code == 200
+        err = server.stop()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) <= 2, err[-3000:]
+
+
+def test_uvicorns_own_log_lines_pass_through_the_masking_formatter(
+        pg_url: str, tmp_path: Path) -> None:
+    secret = "hunter2-secret"
+    env = cli_env(WORKLEDGER_DB=pg_url.replace("postgres@", f"postgres:{secret}@"))
+    with served(None, "--log-format", "json", cwd=tmp_path, env=env, app=None) as server:
+        answer = raw(server, b"GARBAGE\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400")
+        err = server.stop()
+    assert secret not in err
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any(line["logger"].startswith("uvicorn") for line in lines), err
+
+
+def test_the_ledger_and_its_exports_are_created_readable_by_their_owner_only(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    ledger_path = tmp_path / "fresh.db"
+    with served(url, "--export-dir", str(exports), cwd=tmp_path) as server:
+        auth = server.bearer()
+        assert server.post("api/jobs/numbers/runs", json={"n": 2}, headers=auth
+                           ).status_code == 201
+        assert server.post("api/prune", headers=auth, json={
+            "finished_before": "0s", "export": "old.jsonl"}).status_code == 200
+        files = [ledger_path, Path(f"{ledger_path}-wal"), Path(f"{ledger_path}-shm"),
+                 exports / "old.jsonl"]
+        for path in files:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_token_file_others_can_read_is_warned_about(sqlite_url: str, tmp_path: Path
+                                                      ) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:t-alice\n")
+    tokens.chmod(0o644)
+    with served(sqlite_url, "--token-file", str(tokens), cwd=tmp_path) as server:
+        err = server.stop()
+    assert "token file" in err and "chmod 600" in err and "t-alice" not in err
+
+
+def test_a_password_in_db_on_the_command_line_is_warned_about(pg_url: str,
+                                                               tmp_path: Path) -> None:
+    import subprocess
+
+    from serve_support import WORKLEDGER
+
+    with_password = pg_url.replace("postgres@", "postgres:s3cret@")
+    shown = subprocess.run([str(WORKLEDGER), "--db", with_password, "runs"], cwd=tmp_path,
+                           env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert "WORKLEDGER_DB" in shown.stderr and "ps" in shown.stderr
+    assert "s3cret" not in shown.stderr
+    hidden = subprocess.run([str(WORKLEDGER), "runs"], cwd=tmp_path, capture_output=True,
+                            env=cli_env(WORKLEDGER_DB=with_password), text=True, timeout=60)
+    assert "warning" not in hidden.stderr
