@@ -2,7 +2,9 @@
 ``workledger serve`` with a real worker, on both backends.
 
 It signs in, watches a run's bars move while the worker drains it, pauses and resumes it,
-retries a failed item, resolves an unknown one, and checks the ledger after each action. A
+retries a failed item, resolves an unknown one, and checks the ledger after each action; no
+script or style is refused by the security policy; signing out ends the session (its cookie,
+replayed, opens nothing). A
 screenshot of every page is saved under ``.artifacts/screenshots/<backend>/`` (or
 ``$WORKLEDGER_ARTIFACTS``); ``docs/screenshots/`` holds a committed set.
 """
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from web_support import WEB_APP, build, cli_env, make_unknown, wait_for
 
@@ -102,11 +105,16 @@ def test_operate_a_run_from_the_dashboard(setup: tuple[Ledger, Procs, str, Path]
             viewport={"width": 1200, "height": 900})
         try:
             page = browser.new_page()
+            blocked: list[str] = []  # what the security policy refused, as the browser says
+            page.on("console", lambda m: blocked.append(m.text)
+                    if "Content Security Policy" in m.text else None)
             drive(page, ledger, procs, url, shots, tmp)
+            assert blocked == []
             phone = browser.new_page()
             phone.set_viewport_size({"width": 390, "height": 844})
             phone.goto(url + "runs/1")
             phone.screenshot(path=str(shots / "run-phone.png"), full_page=True)
+            sign_out(page, url, browser)
         finally:
             browser.close()
 
@@ -132,6 +140,19 @@ def drive(page: Any, ledger: Ledger, procs: Procs, url: str, shots: Path, tmp: P
     assert page.locator("table.audit").count() == 0  # nothing stranded any more
     page.screenshot(path=str(shots / "audit.png"), full_page=True)
     assert worker.poll() is None
+
+
+def sign_out(page: Any, url: str, browser: Any) -> None:
+    """Signing out ends the session on the server: its cookie, replayed, opens nothing."""
+    [session] = [c for c in browser.cookies() if c["name"] == "workledger_session"]
+    assert session["value"] != TOKEN and session["httpOnly"]
+    page.goto(url)
+    page.click("header form button")
+    page.wait_for_url(url + "signin")
+    page.goto(url)
+    assert page.locator("input[name=token]").is_visible()
+    replayed = httpx.get(url, cookies={"workledger_session": session["value"]})
+    assert replayed.status_code == 401 and 'name="token"' in replayed.text
 
 
 def watch_the_bars_move(page: Any, url: str) -> None:
