@@ -64,4 +64,6 @@ def test_serve_with_an_app_from_the_working_directory_imports_nothing_else_from_
         upgrade = server.get("healthz", headers={"Connection": "Upgrade",
                                                  "Upgrade": "websocket"})
         assert upgrade.status_code == 200
+        err = server.stop()
     assert not (tmp_path / "PLANTED-RAN").exists()
+    assert "WebSocket" not in err and "upgrade" not in err  # no log line per such request

@@ -107,6 +107,19 @@ def mask_uvicorn_logs() -> None:
     theirs.handlers = [h for h in ours.handlers if getattr(h, "_workledger", False)]
     theirs.setLevel(logging.WARNING)
     theirs.propagate = False
+    errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, NoWebsocketNews) for f in errors.filters):
+        errors.addFilter(NoWebsocketNews())
+
+
+class NoWebsocketNews(logging.Filter):
+    """serve answers no websocket by design (``ws="none"``): uvicorn's two warnings for each
+    upgrade request would only let any client write lines to the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not text.startswith(("Unsupported upgrade request",
+                                    "No supported WebSocket library"))
 
 
 @click.command()
