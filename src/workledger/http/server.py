@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import resource
 import signal
 import socket
 import threading
@@ -35,6 +34,10 @@ class Limits:
     connections: int = 1000
 
     def within_descriptors(self) -> Limits:
+        try:
+            import resource  # POSIX only
+        except ImportError:
+            return self
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         room = soft - RESERVED_FILES if soft != resource.RLIM_INFINITY else self.connections
         return Limits(self.read_timeout, max(min(self.connections, room), 8))
