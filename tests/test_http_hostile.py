@@ -323,17 +323,13 @@ def test_a_token_file_others_can_read_is_warned_about(sqlite_url: str, tmp_path:
     assert "token file" in err and "chmod 600" in err and "t-alice" not in err
 
 
-def test_a_password_in_db_on_the_command_line_is_warned_about(pg_url: str,
-                                                               tmp_path: Path) -> None:
-    import subprocess
-
-    from serve_support import WORKLEDGER
-
+def test_a_password_in_db_on_serves_command_line_is_warned_about(pg_url: str,
+                                                                   tmp_path: Path) -> None:
     with_password = pg_url.replace("postgres@", "postgres:s3cret@")
-    shown = subprocess.run([str(WORKLEDGER), "--db", with_password, "runs"], cwd=tmp_path,
-                           env=cli_env(), capture_output=True, text=True, timeout=60)
-    assert "WORKLEDGER_DB" in shown.stderr and "ps" in shown.stderr
-    assert "s3cret" not in shown.stderr
-    hidden = subprocess.run([str(WORKLEDGER), "runs"], cwd=tmp_path, capture_output=True,
-                            env=cli_env(WORKLEDGER_DB=with_password), text=True, timeout=60)
-    assert "warning" not in hidden.stderr
+    with served(with_password, cwd=tmp_path, app=None) as server:
+        shown = server.stop()
+    assert "WORKLEDGER_DB" in shown and "(ps)" in shown and "s3cret" not in shown
+    with served(None, cwd=tmp_path, app=None, env=cli_env(WORKLEDGER_DB=with_password)
+                ) as server:
+        hidden = server.stop()
+    assert "warning" not in hidden and "s3cret" not in hidden

@@ -12,7 +12,6 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import click
-from click.core import ParameterSource
 
 from workledger.api import mask_secrets, url_secrets
 from workledger.cli import demo, read, repair, web, work
@@ -55,9 +54,6 @@ def cli(ctx: click.Context, db: str | None, app: str | None) -> None:
     Every unit of a run is a durable ledger row before anything is dispatched; workers claim
     rows in chunks under leases; a run's state is derived from its items.
     """
-    if db and url_secrets(db) and ctx.get_parameter_source("db") is ParameterSource.COMMANDLINE:
-        click.echo("warning: --db holds a password, which anyone on this machine can read in "
-                   "the process list (ps): give the URL in WORKLEDGER_DB instead", err=True)
     settings = Settings(db or None, app or None)
     ctx.obj = settings
     ctx.call_on_close(settings.close)

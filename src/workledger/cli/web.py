@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from workledger.api import open_private, parse_duration, url_secrets
 from workledger.cli import logs
@@ -77,6 +79,7 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
     """
     logs.configure(log_format, log_level, url_secrets(settings.url))
     mask_uvicorn_logs()
+    warn_of_a_visible_password(settings)
     load_tokens, server = _server()
     older = parse_duration(prune_after) if prune_after is not None else None
     folder = Path(export_dir) if export_dir is not None else None
@@ -97,6 +100,17 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
                  announce=lambda line: click.echo(
                      line if line.startswith("sign in:")
                      else f"workledger serve: {line} ({ledger.where})"))
+
+
+def warn_of_a_visible_password(settings: Settings) -> None:
+    """A password in ``--db`` on serve's command line shows in ``ps`` to every user of the
+    machine for as long as it runs: said once, at start (the environment does not show)."""
+    db = settings.db
+    root = click.get_current_context().find_root()
+    if db and url_secrets(db) and db in sys.argv and (
+            root.get_parameter_source("db") is ParameterSource.COMMANDLINE):
+        click.echo("warning: --db holds a password, which anyone on this machine can read in "
+                   "the process list (ps): give the URL in WORKLEDGER_DB instead", err=True)
 
 
 def mask_uvicorn_logs() -> None:
