@@ -5,17 +5,22 @@ low descriptor limit. Memory is read from /proc; every request is a real one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from serve_support import Served, raw, served
 from waiting import poll
 from web_support import build, cli_env
+
+from workledger.http import Tokens, create_app
+from workledger.http.auth import Principal
 
 pytestmark = pytest.mark.integration
 EVIL = "rebind.evil.example"
@@ -78,6 +83,69 @@ def test_host_and_origin_must_name_this_server_or_an_allowed_host(
                            follow_redirects=False).status_code == 303
         other = {**auth, "Origin": f"http://{EVIL}:{server.port}"}
         assert server.post("runs/1/do/resume", data={}, headers=other).status_code == 403
+
+
+# Starlette before 1.0.1 rebuilt request.url from Host: with ``Host: 127.0.0.1:P/healthz?`` a
+# request for /api/runs looked like one for /healthz, which needs no token
+PATH_IN_HOST = ("/healthz?", "/healthz#", "/healthz", "/signin?", "/static/x?", "?/healthz",
+                "#/healthz", "\\healthz", "@evil.example", "/healthz?x=", " /healthz")
+
+
+def test_a_host_that_carries_a_path_is_refused_and_opens_nothing(
+        sqlite_url: str, tmp_path: Path) -> None:
+    ledger = build(sqlite_url)
+    run = ledger.submit("numbers", {"n": 3}, key="k").run_id
+    with served(sqlite_url, cwd=tmp_path) as server:
+        for tail in PATH_IN_HOST:
+            for host in (f"127.0.0.1:{server.port}{tail}", f"localhost{tail}",
+                         f"user@127.0.0.1:{server.port}"):
+                line = f"Host: {host}\r\nConnection: close\r\n".encode()
+                read = raw(server, b"GET /api/runs HTTP/1.1\r\n" + line + b"\r\n")
+                assert read.startswith(b"HTTP/1.1 400"), (host, read[:120])
+                assert b'"runs"' not in read, host
+                act = raw(server, b"POST /api/runs/%d/cancel HTTP/1.1\r\n" % run + line
+                          + b"Content-Length: 0\r\n\r\n")
+                assert act.startswith(b"HTTP/1.1 400"), (host, act[:120])
+        assert server.get("healthz").status_code == 200  # a plain Host still answers
+    assert ledger.status(run).state == "running"
+    ledger.close()
+
+
+def _asgi_status(app: Any, path: str, host: str, root_path: str = "") -> int:
+    """One GET through the application itself, with the scope a server would build."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "root_path": root_path, "query_string": b"", "headers": [(b"host", host.encode())],
+             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8080)}
+    started: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            started.append(message["status"])
+
+    asyncio.run(app(scope, receive, send))
+    return started[0]
+
+
+def test_the_guard_judges_the_path_the_router_routes_whatever_the_host_says(
+        sqlite_url: str) -> None:
+    """The guard takes the path from the ASGI scope, less the root path a mount gives it,
+    as the router does: never from request.url, which a Host header could rewrite, and never
+    a path the router would route elsewhere (mounted under /static, /static/api/runs is
+    /api/runs to the router)."""
+    ledger = build(sqlite_url)
+    app = create_app(ledger, Tokens((("t-" + "x" * 30, Principal("api", True)),)))
+    try:
+        assert _asgi_status(app, "/healthz", "127.0.0.1:8080") == 200
+        assert _asgi_status(app, "/api/runs", "127.0.0.1:8080/healthz?") == 401
+        assert _asgi_status(app, "/static/api/runs", "127.0.0.1:8080", root_path="/static"
+                            ) == 401
+        assert _asgi_status(app, "/wl/healthz", "127.0.0.1:8080", root_path="/wl") == 200
+    finally:
+        ledger.close()
 
 
 def test_every_response_carries_the_security_headers(sqlite_url: str, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -104,8 +105,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# A name or an address literal and an optional port, nothing else: no path, query, fragment,
+# user or space, which urlsplit would read past (``127.0.0.1:8080/healthz?`` has host and port)
+HOST_SYNTAX = re.compile(r"([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
 def _split_host(host: str) -> tuple[str, int | None] | None:
     """``name`` and port of a Host header (``[::1]:8080``, ``localhost``); None if malformed."""
+    if not HOST_SYNTAX.fullmatch(host):
+        return None
     try:
         parts = urlsplit(f"//{host}")
         return (parts.hostname or ""), parts.port

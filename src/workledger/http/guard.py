@@ -73,6 +73,17 @@ def principal_of(request: Request) -> Principal | Response | None:
     return principal
 
 
+def route_path(scope: Scope) -> str:
+    """The path the router routes: the scope's own, less the root path a mount gives it (as
+    starlette's router takes it). Never ``request.url``, which starlette before 1.0.1 rebuilt
+    from the Host header."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+        return path[len(root):]
+    return path
+
+
 def refusal(request: Request) -> Response | None:
     """The Host, then same origin for a browser's POST, then a known credential (unless none
     is configured), then write access for anything but a read: the response that refuses, or
@@ -82,7 +93,7 @@ def refusal(request: Request) -> Response | None:
     if not hosts.allows(host):
         return errors.error_json(400, f"refused: Host {host!r} is not an address of this "
                                       "server (serve --allowed-host NAME adds one)")
-    path = request.url.path
+    path = route_path(request.scope)
     if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(
             request.headers.get("origin"), request.headers.get("sec-fetch-site"), hosts, host):
         return errors.error_json(403, "refused: a POST from another origin")
@@ -163,7 +174,7 @@ class Guard:
             await refused(scope, receive, send)
             return
         if request.method in ("POST", "PUT", "PATCH", "DELETE"):
-            limit = body_limit(request.url.path)
+            limit = body_limit(route_path(scope))
             try:
                 body = await read_body(receive, limit, declared_length(request))
             except TooLarge:
