@@ -12,7 +12,10 @@ settles by the stage's declaration, as if that item's holder had vanished. A han
 time limit is a hard limit here: its child is killed (and replaced), unlike a thread.
 
 Children are started with ``spawn``: a fresh interpreter that imports the app, never a fork of
-a process that holds database connections and threads.
+a process that holds database connections and threads. ``spawn`` runs ``python -c``, which puts
+the working directory first on ``sys.path`` while multiprocessing boots (a ``pickle.py`` or
+``org.py`` lying there would run in every child), so children start with ``PYTHONSAFEPATH=1``
+and give their handlers the environment back as the worker had it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -99,12 +103,39 @@ def find_app(obj: Any) -> str:
                      "this ledger (processes=N, app='module:attribute'; the CLI's --app)")
 
 
-def _child_main(app: str, conn: Connection, running: Any) -> None:
+SAFE_PATH = "PYTHONSAFEPATH"
+_ENVIRONMENT = threading.Lock()  # children start one at a time while the variable is set
+
+
+@contextmanager
+def _safe_start() -> Iterator[str | None]:
+    """``PYTHONSAFEPATH=1`` while a child starts (and the resource tracker the first start
+    launches), so ``python -c`` puts no directory on its sys.path; yields the value the worker
+    had, for the child to restore."""
+    with _ENVIRONMENT:
+        before = os.environ.get(SAFE_PATH)
+        os.environ[SAFE_PATH] = "1"
+        try:
+            yield before
+        finally:
+            if before is None:
+                del os.environ[SAFE_PATH]
+            else:
+                os.environ[SAFE_PATH] = before
+
+
+def _child_main(app: str, conn: Connection, running: Any, safe_path: str | None = None
+                ) -> None:
     """A child's life: import the app, then run slices until told to stop (None) or until the
     parent is gone (its end of the pipe closes). ``running`` (shared memory) holds the index
     of the item it is running, so that the parent knows which one it was if it dies; the
-    outcomes of a slice go back in one message when the slice ends."""
+    outcomes of a slice go back in one message when the slice ends. ``safe_path``: the
+    worker's own PYTHONSAFEPATH, which the handlers see (and what they start inherits)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if safe_path is None:
+        os.environ.pop(SAFE_PATH, None)
+    else:
+        os.environ[SAFE_PATH] = safe_path
     try:
         jobs = import_app(app).jobs
     except BaseException as exc:  # noqa: BLE001 - told to the parent, which says it in one line
@@ -151,9 +182,10 @@ class _Child:
         self.app = app
         self.conn, theirs = ctx.Pipe()
         self.running = ctx.RawValue("q", -1)  # the index of the item it is running
-        self.proc = ctx.Process(target=_child_main, args=(app, theirs, self.running),
-                                name=name, daemon=True)
-        self.proc.start()
+        with _safe_start() as safe_path:
+            self.proc = ctx.Process(target=_child_main, name=name, daemon=True,
+                                    args=(app, theirs, self.running, safe_path))
+            self.proc.start()
         theirs.close()
 
     def ready(self) -> _Child:
