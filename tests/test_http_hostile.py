@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from serve_support import Served, raw, served
-from waiting import poll
 from web_support import build, cli_env
 
 from workledger.http import Tokens, create_app
@@ -274,59 +271,6 @@ def test_an_oversize_header_is_a_400_and_costs_no_memory(sqlite_url: str, tmp_pa
             assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:80]
         assert _peak_mib(server) - before < 16, (before, _peak_mib(server))
         assert server.get("healthz").status_code == 200
-
-
-def _closed_by_server(sock: socket.socket, within: float) -> bool:
-    sock.settimeout(within)
-    try:
-        return sock.recv(1024) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
-def test_a_client_too_slow_to_send_its_request_is_disconnected(sqlite_url: str,
-                                                                tmp_path: Path) -> None:
-    env = cli_env(WORKLEDGER_TOKEN="t0")
-    with served(sqlite_url, "--read-timeout", "1", cwd=tmp_path, env=env) as server:
-        head = server.connect()
-        head.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the end
-        body = server.connect()
-        body.sendall(b"POST /api/runs/1/pause HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                     b"Authorization: Bearer t0\r\nContent-Length: 100\r\n\r\n{"
-                     % server.port)
-        started = time.monotonic()
-        assert _closed_by_server(head, 20) and _closed_by_server(body, 20)
-        assert time.monotonic() - started < 15
-        head.close()
-        body.close()
-        assert server.get("healthz").status_code == 200
-
-
-def test_half_open_connections_under_a_low_descriptor_limit_leave_healthz_answering(
-        sqlite_url: str, tmp_path: Path) -> None:
-    with served(sqlite_url, cwd=tmp_path, nofile=256) as server:
-        held = []
-        try:
-            for _ in range(300):
-                sock = server.connect()
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-                held.append(sock)
-            # well before the read timeout (10 s) would close the half-open ones
-            health = poll(lambda: _healthy(server), "/healthz with 300 half-open requests",
-                          timeout=7)
-            assert health
-        finally:
-            for sock in held:
-                sock.close()
-
-
-def _healthy(server: Served) -> bool:
-    try:
-        return httpx.get(server.url + "healthz", timeout=3).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_bad_input_is_a_400_and_a_client_hanging_up_writes_no_log(

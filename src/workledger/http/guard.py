@@ -9,6 +9,7 @@ client without a token can never make the server hold more than that.
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from fastapi import Request
@@ -23,6 +24,8 @@ from workledger.http.sessions import Sessions, Throttle, client_of, session_of, 
 OPEN = Principal(OPEN_ACTOR, can_write=True)
 NO_TOKEN_NEEDED = ("/healthz", "/signin", "/signout")
 KIB = 1024
+SIGN_IN_SECONDS = 2.0  # to send the few bytes of a sign-in form: the one body read before a
+# credential, so the one a client without a token could trickle to hold a connection
 SUBMISSION = re.compile(r"/api/jobs/[^/]+/runs")
 ENVELOPE = 64 * KIB  # JSON escapes and whitespace around a payload at its limit
 HEADERS = [
@@ -36,9 +39,12 @@ HEADERS = [
 ]
 
 
+SIGN_IN = ("/signin", "/signout")
+
+
 def body_limit(path: str) -> int:
     """The most a request to ``path`` may send: a token, an action's form, a submission."""
-    if path in ("/signin", "/signout"):
+    if path in SIGN_IN:
         return 4 * KIB
     if SUBMISSION.fullmatch(path):
         return limits.DOCUMENT_BYTES + ENVELOPE
@@ -174,18 +180,30 @@ class Guard:
             await refused(scope, receive, send)
             return
         if request.method in ("POST", "PUT", "PATCH", "DELETE"):
-            limit = body_limit(route_path(scope))
+            path = route_path(scope)
+            limit = body_limit(path)
             try:
-                body = await read_body(receive, limit, declared_length(request))
+                async with asyncio.timeout(SIGN_IN_SECONDS if path in SIGN_IN else None):
+                    body = await read_body(receive, limit, declared_length(request))
             except TooLarge:
-                too_large = errors.error_json(413, f"the body is over {limit:,} bytes")
-                too_large.headers["connection"] = "close"
-                await too_large(scope, receive, send)
+                await closing(errors.error_json(413, f"the body is over {limit:,} bytes"),
+                              scope, receive, send)
+                return
+            except TimeoutError:
+                await closing(errors.error_json(408, f"the body did not arrive within "
+                                                     f"{SIGN_IN_SECONDS:g} s"),
+                              scope, receive, send)
                 return
             if body is None:  # the client hung up: nobody to answer, nothing to log
                 return
             receive = replay(body, receive)
         await self.app(scope, receive, send)
+
+
+async def closing(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer and close: the rest of the body is not read."""
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
 
 
 def with_headers(send: Send) -> Send:

@@ -2,9 +2,11 @@
 
 - A client has ``read_timeout`` seconds to send a request's head and body; one that has not
   (a half-open request, a body trickling a byte at a time) is disconnected.
-- Past ``limit`` open connections, a new one closes the oldest connection that has no
-  request in progress (half-open, or idle between keep-alive requests), so slow clients
-  cannot take every file descriptor while a health check waits.
+- Past ``limit`` open connections, a new one closes the oldest connection whose client is
+  still sending (a head or a body still arriving) or idle between keep-alive requests, so
+  slow clients cannot take every file descriptor, nor every place uvicorn's
+  ``limit_concurrency`` counts, while a health check waits. A request the application is
+  answering is never closed.
 
 h11 also refuses a head over ``h11_max_incomplete_event_size`` with 400 (httptools buffers
 any size); uvicorn's ``limit_concurrency`` answers 503 past as many requests in progress.
@@ -19,6 +21,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR, h11.SWITCHED_PROTOCOL)
+WAITING_FOR_CLIENT = (h11.IDLE, h11.SEND_BODY)
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -35,7 +38,7 @@ class BoundedH11Protocol(H11Protocol):
         self.opened = self.loop.time()
         self._arm()
         if len(self.connections) > self.limit:
-            self._close_oldest_idle()
+            self._close_oldest_waiting()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -48,8 +51,10 @@ class BoundedH11Protocol(H11Protocol):
         if self.conn.their_state in RECEIVED:
             self._disarm()
 
-    def idle(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
+    def evictable(self) -> bool:
+        """Nothing to lose but what the client has yet to send: idle between requests, or a
+        head or body still arriving (a body the application waits for counts too)."""
+        return self.conn.their_state in WAITING_FOR_CLIENT
 
     def _arm(self) -> None:
         self._disarm()
@@ -65,11 +70,11 @@ class BoundedH11Protocol(H11Protocol):
         if self.conn.their_state not in RECEIVED and not self.transport.is_closing():
             self.transport.close()
 
-    def _close_oldest_idle(self) -> None:
-        idle = [c for c in self.connections
-                if isinstance(c, BoundedH11Protocol) and c is not self and c.idle()]
-        if idle:
-            oldest = min(idle, key=lambda c: c.opened)
+    def _close_oldest_waiting(self) -> None:
+        waiting = [c for c in self.connections
+                   if isinstance(c, BoundedH11Protocol) and c is not self and c.evictable()]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c.opened)
             if not oldest.transport.is_closing():
                 oldest.transport.close()
 

@@ -23,6 +23,9 @@ DAY = 86400.0
 HEAD_BYTES = 32 * 1024  # a request's line and headers, at most (h11 answers 400 past it)
 KEEP_ALIVE = 5.0  # seconds an idle kept-alive connection stays open
 RESERVED_FILES = 64  # descriptors kept for the database, the log, the listening socket
+# uvicorn's 503 counts requests in progress, and a connection closed to make room counts until
+# its task has seen the close (an iteration of the loop later): room for as many being closed
+CLOSING_ROOM = 64
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,8 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
     server = uvicorn.Server(uvicorn.Config(
         app, log_level="warning", access_log=False, log_config=None, ws="none",
         http=bounded(limits.read_timeout, limits.connections),
-        h11_max_incomplete_event_size=HEAD_BYTES, limit_concurrency=limits.connections + 1,
+        h11_max_incomplete_event_size=HEAD_BYTES,
+        limit_concurrency=limits.connections + CLOSING_ROOM,
         timeout_keep_alive=int(KEEP_ALIVE), proxy_headers=forwarded_allow_ips is not None,
         forwarded_allow_ips=forwarded_allow_ips, server_header=False))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
