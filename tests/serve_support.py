@@ -24,11 +24,20 @@ WORKLEDGER = Path(sys.executable).parent / "workledger"
 
 
 class Served:
-    def __init__(self, proc: subprocess.Popen[str], first: str, second: str | None) -> None:
+    """``made``: the lines serve prints when it makes a token: the sign-in address with its
+    one-time code, then the token."""
+
+    def __init__(self, proc: subprocess.Popen[str], first: str, made: list[str]) -> None:
         self.proc = proc
         self.url = first.split()[2]
         self.port = int(self.url.rstrip("/").rsplit(":", 1)[1])
-        self.token = second.split("token=", 1)[1].strip() if second else None
+        self.sign_in = self.code = self.token = None
+        for line in made:
+            if line.startswith("sign in: "):
+                self.sign_in = line.split()[2]
+                self.code = self.sign_in.partition("code=")[2] or None
+            elif line.startswith("token: "):
+                self.token = line.split()[1]
         self.stderr = ""
 
     @property
@@ -97,8 +106,8 @@ def served(url: str | None, *args: str, cwd: Path, app: str | None = WEB_APP,
                                                                 proc.stderr.read())
         made = "WORKLEDGER_TOKEN" not in (env or {}) and "--no-token" not in args and \
             "--token-file" not in args
-        second = _line_within(proc, 10.0) if made else None
-        server = Served(proc, first, second)
+        lines = [_line_within(proc, 10.0) for _ in range(2)] if made else []
+        server = Served(proc, first, [line for line in lines if line])
         poll(lambda: _answers(server), "the server to answer /healthz", timeout=30)
         yield server
     finally:

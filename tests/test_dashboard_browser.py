@@ -32,6 +32,21 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "browser-test-token"
+READ_TOKEN = "browser-read-token-0123456789"
+# A page of another site (localhost is not the site 127.0.0.1): twenty sign-ins with wrong
+# tokens as images (to lock the operator out), then a navigation that would sign its visitor
+# in with a read token its author holds (login CSRF)
+LURE = """<!doctype html><title>lure</title><script>
+const target = "%s";
+let left = 20;
+for (let i = 0; i < 20; i++) {
+  const image = new Image();
+  image.onload = image.onerror = () => {
+    if (--left === 0) location = target + "signin?token=%s";
+  };
+  image.src = target + "signin?token=wrong-" + i;
+}
+</script>"""
 
 if not CHROMIUM.exists():
     pytest.skip("needs Debian's chromium (/usr/bin/chromium; .ci/run installs it)",
@@ -140,6 +155,36 @@ def drive(page: Any, ledger: Ledger, procs: Procs, url: str, shots: Path, tmp: P
     assert page.locator("table.audit").count() == 0  # nothing stranded any more
     page.screenshot(path=str(shots / "audit.png"), full_page=True)
     assert worker.poll() is None
+
+
+def test_a_page_of_another_site_can_neither_lock_the_operator_out_nor_sign_them_in(
+        sqlite_url: str, tmp_path: Path) -> None:
+    build(sqlite_url).submit("numbers", {"n": 2}, key="k")
+    procs = Procs(sqlite_url, tmp_path, tmp_path / "fixed")
+    procs.env["WORKLEDGER_READ_TOKEN"] = READ_TOKEN
+    server = procs.start("serve", "--port", "0")
+    assert server.stdout is not None
+    url = server.stdout.readline().split()[2]
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                         args=FLAGS)
+            try:
+                page = browser.new_page()
+                page.route("http://localhost:9/**", lambda route: route.fulfill(
+                    content_type="text/html", body=LURE % (url, READ_TOKEN)))
+                page.goto("http://localhost:9/lure")
+                page.wait_for_url(lambda address: address.startswith(url), timeout=30_000)
+                page.goto(url)  # later, typed by the operator
+                assert page.locator("input[name=token]").is_visible()  # no session started
+                assert not [c for c in page.context.cookies() if "session" in c["name"]]
+                page.fill("input[name=token]", TOKEN)
+                page.click("form.signin button")
+                page.wait_for_selector(".run-card")  # the right token is not refused
+            finally:
+                browser.close()
+    finally:
+        procs.stop()
 
 
 def sign_out(page: Any, url: str, browser: Any) -> None:

@@ -42,7 +42,7 @@ def _server() -> Any:
               help="Tokens, one 'name:token' (full) or 'name:token:read' (GET only) per line; "
                    "the name is the actor recorded for its actions. Also WORKLEDGER_TOKEN "
                    "(actor api) and WORKLEDGER_READ_TOKEN (read only). With none, serve "
-                   "makes one and prints a sign-in address that carries it.")
+                   "makes one and prints it, and a sign-in address that works once.")
 @click.option("--no-token", is_flag=True,
               help="With no token configured, answer anyone who reaches the port instead of "
                    "making one (loopback only).")
@@ -70,12 +70,13 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
     """Serve the JSON API (/api), the dashboard (/), /metrics and /healthz over HTTP.
 
     Prints the address, then serves until SIGINT or SIGTERM. With no token configured it
-    makes one for its lifetime and prints a sign-in address carrying it; --no-token answers
-    anyone instead, on loopback only. Requests must name this server in Host (an address it
-    listens on, or an --allowed-host). Jobs for POST /api/jobs/JOB/runs come from --app
-    (loaded; the current directory is searched for that module only, not for what is imported
-    later); like a worker, it creates the ledger when there is none. docs/http.md, Deploying,
-    says what a reverse proxy must add beyond loopback.
+    makes one for its lifetime and prints it, with a sign-in address that works once within
+    10 minutes; --no-token answers anyone instead, on loopback only. Requests must name this
+    server in Host (an address it listens on, or an --allowed-host). Jobs for POST
+    /api/jobs/JOB/runs come from --app (loaded; the current directory is searched for that
+    module only, not for what is imported later); like a worker, it creates the ledger when
+    there is none. docs/http.md, Deploying, says what a reverse proxy must add beyond
+    loopback.
     """
     logs.configure(log_format, log_level, url_secrets(settings.url))
     mask_uvicorn_logs()
@@ -98,7 +99,7 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
                  forwarded_allow_ips=forwarded_allow_ips,
                  limits=server.Limits(read_timeout=read_timeout),
                  announce=lambda line: click.echo(
-                     line if line.startswith("sign in:")
+                     line if line.startswith(("sign in:", "token:"))
                      else f"workledger serve: {line} ({ledger.where})"))
 
 

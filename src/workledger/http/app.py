@@ -23,7 +23,7 @@ from workledger.http.api_routes import router as api_router
 from workledger.http.auth import Hosts, Tokens
 from workledger.http.guard import Guard
 from workledger.http.metrics import registry_for
-from workledger.http.sessions import Sessions, Throttle
+from workledger.http.sessions import Sessions, SignInCodes, Throttle
 
 HERE = Path(__file__).parent
 
@@ -43,6 +43,7 @@ def create_app(ledger: Ledger, tokens: Tokens | None = None,
     app.state.hosts = hosts or Hosts(anywhere=True)
     app.state.sessions = Sessions()
     app.state.throttle = Throttle()
+    app.state.codes = SignInCodes()
     app.state.where = ledger.where
     app.state.registry = registry_for(ledger)
     app.add_middleware(Guard)

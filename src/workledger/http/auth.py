@@ -4,8 +4,9 @@ Tokens come from ``WORKLEDGER_TOKEN`` (full access, actor ``api``), ``WORKLEDGER
 (GET only, actor ``read``) and a token file (``--token-file``): one ``name:token`` per line for
 full access, ``name:token:read`` for reading only; blank lines and ``#`` comments are skipped.
 The name is the actor recorded in ``wl_events`` for that token's actions. Without any token
-``serve`` makes one for its lifetime and prints a sign-in address that carries it (as Jupyter
-does); ``--no-token`` answers everyone instead, on loopback only (``server.py``).
+``serve`` makes one for its lifetime and prints it, with a sign-in address whose code works
+once, within minutes (``sessions.py``: the address stays in the browser's history, the token
+must not); ``--no-token`` answers everyone instead, on loopback only (``server.py``).
 
 Whatever the tokens, a request must name this server in its ``Host`` header (an address it
 listens on, or a name given with ``--allowed-host``), and a browser's POST must come from such
@@ -182,3 +183,11 @@ def same_origin(origin: str | None, fetch_site: str | None, hosts: Hosts,
     if origin is None:
         return True
     return origin != "null" and hosts.allows_origin(origin, host)
+
+
+def navigated_here(fetch_site: str | None) -> bool:
+    """Whether a GET that would sign in was typed, opened from the terminal or a bookmark, or
+    followed from this server's own pages: a page of another site can make the browser load
+    any address (an image, a navigation) but not choose its ``Sec-Fetch-Site``. A request
+    without the header is not from a current browser (curl, scripts): allowed."""
+    return fetch_site in (None, "none", "same-origin")

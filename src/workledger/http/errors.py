@@ -113,5 +113,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         (404, "no such run, job or item"), (409, "refused in the run's present state"),
         (413, "the body is over the route's limit"),
         (422, "the idempotency key names a run with another payload"),
-        (429, "too many wrong tokens from this client: Retry-After says when to try again"),
+        (429, "a wrong token from a client that sent too many: answered after a pause; "
+              "Retry-After says when they are answered at once again"),
         (500, "an internal error"), (503, "the database does not answer"))}

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from workledger.api import limits
 from workledger.http import errors, pages
 from workledger.http.auth import OPEN_ACTOR, Principal, Tokens, same_origin
-from workledger.http.sessions import Sessions, Throttle, client_of, session_of, too_many
+from workledger.http.sessions import Sessions, session_of, wrong_token
 
 OPEN = Principal(OPEN_ACTOR, can_write=True)
 NO_TOKEN_NEEDED = ("/healthz", "/signin", "/signout")
@@ -60,9 +60,9 @@ def bearer_of(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-def principal_of(request: Request) -> Principal | Response | None:
-    """Who is asking: a bearer token (a wrong one counts against the client), else a session
-    cookie; a response when the client must first wait."""
+async def principal_of(request: Request) -> Principal | Response | None:
+    """Who is asking: a bearer token, else a session cookie; None for neither. A wrong token
+    counts against the client, and past its allowance is answered (429) after a pause."""
     tokens: Tokens = request.app.state.tokens
     if not tokens.required:
         return OPEN
@@ -70,12 +70,9 @@ def principal_of(request: Request) -> Principal | Response | None:
     if token is None:
         sessions: Sessions = request.app.state.sessions
         return sessions.who(session_of(request))
-    throttle: Throttle = request.app.state.throttle
-    if wait := throttle.wait(client_of(request)):
-        return too_many(request, wait)
     principal = tokens.who(token)
     if principal is None:
-        throttle.failed(client_of(request))
+        return await wrong_token(request)
     return principal
 
 
@@ -90,7 +87,7 @@ def route_path(scope: Scope) -> str:
     return path
 
 
-def refusal(request: Request) -> Response | None:
+async def refusal(request: Request) -> Response | None:
     """The Host, then same origin for a browser's POST, then a known credential (unless none
     is configured), then write access for anything but a read: the response that refuses, or
     None."""
@@ -105,7 +102,7 @@ def refusal(request: Request) -> Response | None:
         return errors.error_json(403, "refused: a POST from another origin")
     if path in NO_TOKEN_NEEDED or path.startswith("/static/"):
         return None
-    principal = principal_of(request)
+    principal = await principal_of(request)
     if isinstance(principal, Response):
         return principal
     if principal is None:
@@ -175,7 +172,7 @@ class Guard:
             return
         send = with_headers(send)
         request = Request(scope)
-        refused = refusal(request)
+        refused = await refusal(request)
         if refused is not None:
             await refused(scope, receive, send)
             return

@@ -19,17 +19,10 @@ from starlette.concurrency import run_in_threadpool
 from workledger.api import ITEM_STATES, RUN_STATES, Ledger, RunStatus
 from workledger.errors import BadInput, UsageError, WorkledgerError
 from workledger.http import views
-from workledger.http.auth import OPEN_ACTOR
+from workledger.http.auth import OPEN_ACTOR, Principal, navigated_here
 from workledger.http.errors import message_of, status_of
 from workledger.http.models import After, RunId, Seq
-from workledger.http.sessions import (
-    COOKIE,
-    SECURE_COOKIE,
-    client_of,
-    cookie_for,
-    session_of,
-    too_many,
-)
+from workledger.http.sessions import COOKIE, SECURE_COOKIE, cookie_for, session_of, wrong_token
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.filters["age"] = views.age
@@ -196,29 +189,39 @@ async def act(request: Request, run_id: RunId, action: str) -> Response:
 
 
 @router.get("/signin", response_class=HTMLResponse)
-def signin_form(request: Request, token: str | None = None) -> Response:
-    """The form; with ``?token=`` (the address ``serve`` prints), a sign-in at once."""
-    if token:
-        return sign_in(request, token)
+def signin_form(request: Request, code: str | None = None) -> Response:
+    """The form; with ``?code=`` (the address ``serve`` prints), a sign-in at once, unless
+    another site sent the browser here. A token in the address is never used: the address
+    stays in the browser's history, and another site could choose it."""
+    if code and navigated_here(request.headers.get("sec-fetch-site")):
+        principal = request.app.state.codes.redeem(code)
+        if principal is None:
+            return signin_page(request, status_code=401, message=(
+                "That sign-in address was used already or has expired: sign in with the "
+                "token serve printed."))
+        return start_session(request, principal)
     return signin_page(request)
 
 
 @router.post("/signin")
 async def signin(request: Request) -> Response:
-    return sign_in(request, (await _form(request)).get("token", ""))
-
-
-def sign_in(request: Request, token: str) -> Response:
-    """A session for a known token (its id in the cookie, never the token); a wrong token
-    counts against the client, which waits once it has sent too many."""
-    client = client_of(request)
-    throttle = request.app.state.throttle
-    if wait := throttle.wait(client):
-        return too_many(request, wait)
-    principal = request.app.state.tokens.who(token)
-    if principal is None:
-        throttle.failed(client)
+    """A session for a known token; a wrong one counts against the client, and past its
+    allowance is answered after a pause."""
+    principal = request.app.state.tokens.who((await _form(request)).get("token", ""))
+    if principal is not None:
+        return start_session(request, principal)
+    slowed = await wrong_token(request)
+    if slowed is None:
         return signin_page(request, status_code=401, message="That token is not known here.")
+    page = signin_page(request, status_code=429, message=(
+        "Too many wrong tokens from this address: each is answered slowly for a while."))
+    page.headers["retry-after"] = slowed.headers["retry-after"]
+    return page
+
+
+def start_session(request: Request, principal: Principal) -> Response:
+    """A session (its id in the cookie, never the token) in place of the one the browser
+    had, and on to the runs."""
     sessions = request.app.state.sessions
     sessions.end(session_of(request))
     response = RedirectResponse("/", status_code=303)

@@ -109,9 +109,14 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
     app = create_app(ledger, tokens, export_dir, Hosts(bound, host, allowed_hosts))
     shown = f"[{host}]" if ":" in host else host
     announce(f"http://{shown}:{bound}/")
-    if tokens.made:
+    if tokens.made:  # the address goes to a browser's history: a code that works once
         address = "127.0.0.1" if host in ("0.0.0.0", "::") else shown
-        announce(f"sign in: http://{address}:{bound}/signin?token={tokens.by_token[0][0]}")
+        token, principal = tokens.by_token[0]
+        code = app.state.codes.issue(principal)
+        minutes = app.state.codes.lifetime / 60
+        announce(f"sign in: http://{address}:{bound}/signin?code={code} (works once, "
+                 f"within {minutes:.0f} minutes)")
+        announce(f"token: {token} (for Authorization: Bearer, or the sign-in form)")
     pruner = DailyPrune(ledger, prune_after) if prune_after is not None else None
     if pruner is not None:
         pruner.start()
