@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from workledger.http.auth import Principal
 
 pytestmark = pytest.mark.integration
 EVIL = "rebind.evil.example"
+LONG_TOKEN = "t0-hostile-0123456789abcdef"
 MIB = 1024 * 1024
 
 
@@ -128,6 +130,37 @@ def test_the_guard_judges_the_path_the_router_routes_whatever_the_host_says(
         assert _asgi_status(app, "/wl/healthz", "127.0.0.1:8080", root_path="/wl") == 200
     finally:
         ledger.close()
+
+
+def _own_address() -> str:
+    """This machine's address toward the documentation network (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        return str(probe.getsockname()[0])
+
+
+def test_on_every_address_an_origin_must_still_be_one_of_the_servers_own(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """Listening on 0.0.0.0, any address literal is a fine Host (nothing to rebind), but a
+    page of another machine served on the same port (Origin http://6.6.6.6:P) is not one of
+    the server's own pages: only loopback, the address the request arrived at and the
+    --allowed-host names are."""
+    build(sqlite_url).submit("numbers", {"n": 1}, key="k")
+    env = cli_env(WORKLEDGER_TOKEN=LONG_TOKEN)
+    with served(sqlite_url, "--host", "0.0.0.0", cwd=tmp_path, env=env) as server:
+        auth, port = server.bearer(LONG_TOKEN), server.port
+        for origin in (f"http://6.6.6.6:{port}", f"http://10.9.8.7:{port}",
+                       f"https://6.6.6.6:{port}", f"http://[2001:db8::1]:{port}"):
+            other = httpx.post(f"http://127.0.0.1:{port}/runs/1/do/pause", timeout=10,
+                               headers={**auth, "Origin": origin})
+            assert other.status_code == 403, origin
+        own = _own_address()
+        mine = httpx.post(f"http://{own}:{port}/runs/1/do/pause", timeout=10,
+                          headers={**auth, "Origin": f"http://{own}:{port}"})
+        assert mine.status_code == 303, mine.text
+        looped = httpx.post(f"http://127.0.0.1:{port}/runs/1/do/resume", timeout=10,
+                            headers={**auth, "Origin": f"http://localhost:{port}"})
+        assert looped.status_code == 303, looped.text
 
 
 def test_every_response_carries_the_security_headers(sqlite_url: str, tmp_path: Path) -> None:

@@ -122,21 +122,29 @@ def _split_host(host: str) -> tuple[str, int | None] | None:
         return None
 
 
+WILDCARDS = ("0.0.0.0", "::")  # listening on every address
+
+
 @dataclass(frozen=True)
 class Hosts:
     """The names a request may give in ``Host`` (and a browser's POST in ``Origin``): the
     loopback addresses and the one the server listens on, with its port; the names given with
-    ``--allowed-host`` (``name``: any port, ``name:port``: that one); any address literal on a
-    server listening on every address (no DNS name, so nothing to rebind). ``port`` None:
-    any port. ``anywhere``: any Host, and an Origin only the Host's (an application that
-    someone else's server runs, which must check Host itself)."""
+    ``--allowed-host`` (``name``: any port, ``name:port``: that one). On a server listening
+    on every address, a Host may be any address literal (no DNS name, so nothing to rebind),
+    an Origin only the address the request arrived at (another machine's page on the same
+    port is not this server's). ``port`` None: any port. ``anywhere``: any Host, and an Origin
+    only the Host's (an application that someone else's server runs, which must check Host
+    itself)."""
 
     port: int | None = None
     listen: str = "127.0.0.1"
     names: tuple[str, ...] = ()
     anywhere: bool = False
 
-    def allows(self, host: str | None) -> bool:
+    def allows(self, host: str | None, *, arrived_at: str | None = None,
+               any_address: bool = True) -> bool:
+        """Whether ``host`` (``name[:port]``) names this server. ``any_address`` False: an
+        address literal on a wildcard listener only if it is ``arrived_at``."""
         if self.anywhere:
             return True
         split = _split_host(host or "")
@@ -150,18 +158,24 @@ class Hosts:
         if self.port is not None and port not in (self.port,
                                                   None if self.port == 80 else self.port):
             return False
-        return (is_loopback(name) or name == self.listen.strip("[]").lower()
-                or (self.listen in ("0.0.0.0", "::") and _is_address(name)))
+        if is_loopback(name) or name == self.listen.strip("[]").lower():
+            return True
+        return self.listen in WILDCARDS and _is_address(name) and (
+            any_address or _same_address(name, arrived_at))
 
-    def allows_origin(self, origin: str, host: str | None) -> bool:
-        """A browser's ``Origin``: ``http(s)://`` and an allowed host."""
+    def allows_origin(self, origin: str, host: str | None, arrived_at: str | None = None
+                      ) -> bool:
+        """A browser's ``Origin``: ``http(s)://`` and one of the server's own names, of which
+        on a wildcard listener the address ``arrived_at`` (the connection's own end)."""
         try:
             parts = urlsplit(origin)
         except ValueError:
             return False
         if parts.scheme not in ("http", "https") or parts.path:
             return False
-        return parts.netloc == (host or "") if self.anywhere else self.allows(parts.netloc)
+        if self.anywhere:
+            return parts.netloc == (host or "")
+        return self.allows(parts.netloc, arrived_at=arrived_at, any_address=False)
 
 
 def _is_address(name: str) -> bool:
@@ -172,17 +186,28 @@ def _is_address(name: str) -> bool:
     return True
 
 
+def _same_address(name: str, other: str | None) -> bool:
+    """Two address literals for one address (``::ffff:192.0.2.2`` is ``192.0.2.2``, as an
+    IPv6 socket sees an IPv4 client)."""
+    try:
+        one, two = (ipaddress.ip_address(a.strip("[]")) for a in (name, other or ""))
+    except ValueError:
+        return False
+    unwrapped = [getattr(a, "ipv4_mapped", None) or a for a in (one, two)]
+    return unwrapped[0] == unwrapped[1]
+
+
 def same_origin(origin: str | None, fetch_site: str | None, hosts: Hosts,
-                host: str | None) -> bool:
+                host: str | None, arrived_at: str | None = None) -> bool:
     """Whether a browser's POST comes from this server's own pages: its ``Origin`` must be one
-    of the server's own (never compared with ``Host``, which the page's author may choose). A
-    request without ``Origin`` and ``Sec-Fetch-Site`` is not from a browser form (curl,
-    scripts): allowed."""
+    of the server's own (never compared with ``Host``, which the page's author may choose).
+    ``arrived_at``: the address the connection reached. A request without ``Origin`` and
+    ``Sec-Fetch-Site`` is not from a browser form (curl, scripts): allowed."""
     if fetch_site is not None and fetch_site not in ("same-origin", "none"):
         return False
     if origin is None:
         return True
-    return origin != "null" and hosts.allows_origin(origin, host)
+    return origin != "null" and hosts.allows_origin(origin, host, arrived_at)
 
 
 def navigated_here(fetch_site: str | None) -> bool:

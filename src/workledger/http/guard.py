@@ -97,8 +97,10 @@ async def refusal(request: Request) -> Response | None:
         return errors.error_json(400, f"refused: Host {host!r} is not an address of this "
                                       "server (serve --allowed-host NAME adds one)")
     path = route_path(request.scope)
+    server = request.scope.get("server")
     if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(
-            request.headers.get("origin"), request.headers.get("sec-fetch-site"), hosts, host):
+            request.headers.get("origin"), request.headers.get("sec-fetch-site"), hosts, host,
+            server[0] if server else None):
         return errors.error_json(403, "refused: a POST from another origin")
     if path in NO_TOKEN_NEEDED or path.startswith("/static/"):
         return None
