@@ -228,6 +228,10 @@ CASES: dict[str, Case] = {
                                       "0<=x<=9223372036854775807"),
     "retry run past 64 bits": Case(on("retry", BIG), 2, "0<=x<=9223372036854775807"),
     "chunk past 64 bits": Case(on("worker", "--chunk", 10**20), 2, "1<=x<=10000"),
+    "audit since a time past year 9999 in UTC": Case(
+        on("audit", "--since", "9999-12-31T23:59:59-23:59"), 2, "years 1 to 9999"),
+    "audit since a time before year 1 in UTC": Case(
+        on("audit", "--since", "0001-01-01T00:00:00+01:00"), 2, "years 1 to 9999"),
     "lease NaN": Case(on("worker", "--lease", "nan"), 2, "not more than 0 to 86,400 seconds"),
     "lease infinite": Case(on("worker", "--lease", "inf"), 2, "86,400 seconds"),
     "lease of 1e300 seconds": Case(on("worker", "--lease", "1e300"), 2, "86,400 seconds"),

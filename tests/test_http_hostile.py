@@ -293,6 +293,33 @@ def test_bad_input_is_a_400_and_a_client_hanging_up_writes_no_log(
     assert "Traceback" not in err and len(lines) <= 2, err[-3000:]
 
 
+def test_dates_out_of_range_and_nul_in_names_are_400s_on_both_backends(
+        db_url: str, tmp_path: Path) -> None:
+    """PostgreSQL refuses NUL in text (a StorageError, 500, before), SQLite would look for it;
+    a time that moves past year 9999 or before year 1 in UTC overflowed (500). Each is a
+    one-line 400 now, and the log holds neither a traceback nor a raw control character."""
+    ledger = build(db_url)
+    ledger.submit("numbers", {"n": 1}, key="k")
+    ledger.close()
+    with served(db_url, cwd=tmp_path) as server:
+        auth = server.bearer()
+        for since in ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00%2B01:00"):
+            answer = server.get(f"api/audit?since={since}", headers=auth)
+            assert answer.status_code == 400, (since, answer.text)
+            assert "9999" in answer.json()["error"]
+        for path in ("api/runs/1/items/%00/0", "api/audit?job=%00", "api/runs/1/items?stage=%00",
+                     "api/runs?job=%00"):
+            answer = server.get(path, headers=auth)
+            assert answer.status_code == 400 and "NUL" in answer.json()["error"], path
+        page = server.get("runs/1/items/%00/0", headers=auth)
+        assert page.status_code == 400, page.text[:200]
+        resolve = server.post("api/runs/1/items/%00/0/resolve", headers=auth,
+                              json={"as": "processed"})
+        assert resolve.status_code == 400 and "NUL" in resolve.json()["error"]
+        err = server.stop()
+    assert "Traceback" not in err and "\x00" not in err, err[-3000:]
+
+
 def test_uvicorns_own_log_lines_pass_through_the_masking_formatter(
         pg_url: str, tmp_path: Path) -> None:
     secret = "hunter2-secret"

@@ -447,6 +447,7 @@ class Ledger:
         """Every stranded run and item, with the path that will move it; of one run, of one
         job, or since a time (``since_time("24h")``) only. A finding with ``needs_person``
         false is moved by a process, or was reviewed (within tolerance, acknowledged)."""
+        inputs.check_name("job name", job)  # a filter the database must be able to hold
         return audit(self.store, self.jobs, AuditFilter(run_id, job, since))
 
     def audit_page(self, *, run_id: int | None = None, job: str | None = None,
@@ -454,6 +455,7 @@ class Ledger:
                    ) -> AuditPage:
         """:meth:`audit` a page at a time: at most ``limit`` findings from the cursor
         ``after`` (the previous page's ``next``) on."""
+        inputs.check_name("job name", job)
         return audit_page(self.store, self.jobs, AuditFilter(run_id, job, since), limit, after)
 
     # -- reading ---------------------------------------------------------------------------
@@ -560,6 +562,8 @@ class Ledger:
         return self.store.items_list(query)
 
     def item(self, run_id: int, stage: str, seq: int) -> ItemRow | None:
+        inputs.check_name("stage name", stage)
+        inputs.check_id("item", seq)
         self._run(run_id)
         rows = self.store.items_list(ItemsQuery(run_id, stage, None, 1, 0, seq))
         return rows[0] if rows else None
@@ -655,4 +659,9 @@ def since_time(text: str, now: datetime | None = None) -> str:
                            "or time (2026-11-30, 2026-11-30T09:00:00Z)") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")
+        try:
+            when = when.astimezone(UTC)
+        except OverflowError:  # 9999-12-31T23:59-23:59 is in year 10000 in UTC
+            raise BadInput(f"--since {text!r}: a time beyond the years 1 to 9999 in UTC; give "
+                           "one within them") from None
+    return when.isoformat(sep=" ", timespec="microseconds")

@@ -2,7 +2,10 @@
 stderr, as text a person reads or as one JSON object per line for a log collector.
 
 Every record passes through :func:`~workledger.core.text.mask_secrets`, so no password in a
-database URL reaches a log line whatever the message was built from.
+database URL reaches a log line whatever the message was built from, and through
+:func:`~workledger.core.text.visible`, so no control character does either: a message built
+from what a client sent cannot clear the terminal or forge a line (a traceback keeps its line
+breaks).
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
-from workledger.api import mask_secrets
+from workledger.api import mask_secrets, visible
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -35,7 +39,16 @@ class MaskingFormatter(logging.Formatter):
         self.secrets = tuple(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        return mask_secrets(super().format(record), self.secrets)
+        shown = logging.makeLogRecord(record.__dict__)
+        shown.msg, shown.args = self.message(record), None
+        return mask_secrets(visible(super().format(shown), newlines=True), self.secrets)
+
+    def message(self, record: logging.LogRecord) -> str:
+        """The message on one line, control characters as escapes, no password."""
+        return mask_secrets(visible(record.getMessage()), self.secrets)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return visible(super().formatException(ei), newlines=True)
 
 
 class JsonFormatter(MaskingFormatter):
@@ -47,7 +60,7 @@ class JsonFormatter(MaskingFormatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": mask_secrets(record.getMessage(), self.secrets),
+            "message": self.message(record),
         }
         if record.exc_info:
             line["exception"] = mask_secrets(self.formatException(record.exc_info), self.secrets)
