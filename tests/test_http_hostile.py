@@ -9,12 +9,13 @@ import asyncio
 import json
 import socket
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serve_support import Served, raw, served
+from serve_support import WORKLEDGER, Served, raw, served
 from web_support import build, cli_env
 
 from workledger.http import Tokens, create_app
@@ -359,6 +360,33 @@ def test_a_token_file_others_can_read_is_warned_about(sqlite_url: str, tmp_path:
     with served(sqlite_url, "--token-file", str(tokens), cwd=tmp_path) as server:
         err = server.stop()
     assert "token file" in err and "chmod 600" in err and "t-alice" not in err
+
+
+@pytest.mark.parametrize("given", ["wl.example.com:abc", "http://wl.example.com", "*",
+                                   "wl.example.com:99999", "wl.example.com/", "a b", ""])
+def test_an_allowed_host_that_could_match_nothing_is_refused_at_start(
+        sqlite_url: str, tmp_path: Path, given: str) -> None:
+    done = subprocess.run([str(WORKLEDGER), "--db", sqlite_url, "serve", "--port", "0",
+                           "--allowed-host", given], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and "--allowed-host" in done.stderr, done.stderr
+    assert done.stdout == ""  # it never listened
+
+
+def test_a_short_token_is_warned_about_without_showing_it(sqlite_url: str,
+                                                           tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:abc123\nbob:" + "b" * 32 + "\n")
+    tokens.chmod(0o600)
+    env = cli_env(WORKLEDGER_TOKEN="s3cr", WORKLEDGER_READ_TOKEN="r" * 32)
+    with served(sqlite_url, "--token-file", str(tokens), cwd=tmp_path, env=env) as server:
+        assert server.get("api/runs", headers=server.bearer("s3cr")).status_code == 200
+        err = server.stop()
+    warnings = [line for line in err.splitlines() if "characters" in line]
+    assert len(warnings) == 2, err
+    assert "WORKLEDGER_TOKEN" in warnings[0] and "line 1" in warnings[1], warnings
+    assert "s3cr" not in err and "abc123" not in err
 
 
 def test_a_password_in_db_on_serves_command_line_is_warned_about(pg_url: str,

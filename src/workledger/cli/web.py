@@ -82,6 +82,7 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
     mask_uvicorn_logs()
     warn_of_a_visible_password(settings)
     load_tokens, server = _server()
+    server.check_allowed_hosts(allowed_hosts)
     older = parse_duration(prune_after) if prune_after is not None else None
     folder = Path(export_dir) if export_dir is not None else None
     if folder is not None and not folder.is_dir():

@@ -30,6 +30,7 @@ from workledger.errors import BadInput
 
 log = logging.getLogger("workledger.http")
 OPEN_ACTOR = "http"  # the actor of actions taken on a server without tokens (loopback only)
+SHORT_TOKEN = 16  # characters: a token shorter than this is warned about (serve makes 32)
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,26 @@ def _parse_line(line: str, where: str) -> tuple[str, Principal]:
     if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (
             len(parts) == 3 and parts[2] != "read"):
         raise BadInput(f"{where}: expected name:token or name:token:read")
+    _warn_if_short(parts[1], where)
     return parts[1], Principal(parts[0], can_write=len(parts) == 2)
+
+
+def _warn_if_short(token: str, where: str) -> None:
+    """The throttle only slows a guesser down; a token's length is what stops one."""
+    if len(token) < SHORT_TOKEN:
+        log.warning("the token in %s is %d characters long: a short token can be guessed, "
+                    "give one of %d random characters or more (python -c 'import secrets; "
+                    "print(secrets.token_urlsafe(24))')", where, len(token), SHORT_TOKEN)
 
 
 def load_tokens(token_file: str | None = None) -> Tokens:
     """The tokens from the environment and, if given, a token file."""
     found: list[tuple[str, Principal]] = []
-    if token := os.environ.get("WORKLEDGER_TOKEN"):
-        found.append((token, Principal("api", True)))
-    if token := os.environ.get("WORKLEDGER_READ_TOKEN"):
-        found.append((token, Principal("read", False)))
+    for variable, principal in (("WORKLEDGER_TOKEN", Principal("api", True)),
+                                ("WORKLEDGER_READ_TOKEN", Principal("read", False))):
+        if token := os.environ.get(variable):
+            _warn_if_short(token, variable)
+            found.append((token, principal))
     if token_file is not None:
         try:
             text = Path(token_file).read_text()
@@ -109,6 +120,15 @@ def is_loopback(host: str) -> bool:
 # A name or an address literal and an optional port, nothing else: no path, query, fragment,
 # user or space, which urlsplit would read past (``127.0.0.1:8080/healthz?`` has host and port)
 HOST_SYNTAX = re.compile(r"([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
+def check_allowed_host(given: str) -> None:
+    """An ``--allowed-host`` that could match no Host header is refused at start."""
+    split = _split_host(given)
+    if split is None or not split[0]:
+        raise BadInput(f"--allowed-host {given!r}: give a host name or address, with :PORT "
+                       "if it must be that port (wl.example.com, wl.example.com:443, "
+                       "[::1]:8080)")
 
 
 def _split_host(host: str) -> tuple[str, int | None] | None:

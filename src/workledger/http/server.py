@@ -15,7 +15,7 @@ import uvicorn
 from workledger.api import Ledger
 from workledger.errors import UsageError, WorkledgerError
 from workledger.http.app import create_app
-from workledger.http.auth import Hosts, Tokens, is_loopback
+from workledger.http.auth import Hosts, Tokens, check_allowed_host, is_loopback
 from workledger.http.protocol import bounded
 
 log = logging.getLogger("workledger.http")
@@ -44,6 +44,11 @@ class Limits:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         room = soft - RESERVED_FILES if soft != resource.RLIM_INFINITY else self.connections
         return Limits(self.read_timeout, max(min(self.connections, room), 8))
+
+
+def check_allowed_hosts(names: tuple[str, ...]) -> None:
+    for name in names:
+        check_allowed_host(name)
 
 
 def check_bind(host: str, tokens: Tokens) -> None:
@@ -104,6 +109,7 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
     ``forwarded_allow_ips``: the proxies whose X-Forwarded-For/-Proto are believed (none: no
     one's, so a client cannot claim another address to dodge the sign-in throttle)."""
     check_bind(host, tokens)
+    check_allowed_hosts(allowed_hosts)
     sock = listen(host, port)
     bound = sock.getsockname()[1]
     app = create_app(ledger, tokens, export_dir, Hosts(bound, host, allowed_hosts))
