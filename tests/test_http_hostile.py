@@ -212,6 +212,25 @@ def test_behind_a_trusted_tls_proxy_the_session_cookie_is_host_prefixed_and_secu
         assert cookie.startswith("workledger_session=") and "Secure" not in cookie
 
 
+def test_believing_every_client_s_forwarded_for_is_warned_about_and_not_offered(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """With --forwarded-allow-ips '*' a client names its own address in X-Forwarded-For:
+    it can dodge the throttle or have a chosen address counted. Safe only behind a proxy that
+    overwrites the header; serve says so, and its help no longer offers '*'."""
+    shown = subprocess.run([str(WORKLEDGER), "serve", "--help"], capture_output=True,
+                           text=True, timeout=60, env=cli_env())
+    assert "--forwarded-allow-ips" in shown.stdout and "*" not in shown.stdout.split(
+        "--forwarded-allow-ips", 1)[1].split("--read-timeout", 1)[0]
+    env = cli_env(WORKLEDGER_TOKEN=LONG_TOKEN)
+    with served(sqlite_url, "--forwarded-allow-ips", "*", cwd=tmp_path, env=env) as server:
+        err = server.stop()
+    assert "X-Forwarded-For" in err and "overwrites" in err, err
+    with served(sqlite_url, "--forwarded-allow-ips", "127.0.0.1", cwd=tmp_path,
+                env=env) as server:
+        err = server.stop()
+    assert "X-Forwarded-For" not in err, err
+
+
 def _peak_mib(server: Served) -> float:
     return server.status("VmHWM") / 1024
 

@@ -50,8 +50,8 @@ def _server() -> Any:
               help="A name clients may give in the Host header besides the addresses serve "
                    "listens on (the name a proxy or a browser uses). Repeatable.")
 @click.option("--forwarded-allow-ips", metavar="IPS",
-              help="The proxies (comma-separated addresses, or *) whose X-Forwarded-For and "
-                   "X-Forwarded-Proto are believed: HTTPS behind such a proxy gets Secure "
+              help="The proxies (comma-separated addresses or networks) whose X-Forwarded-For "
+                   "and X-Forwarded-Proto are believed: HTTPS behind such a proxy gets Secure "
                    "__Host- session cookies. Default: nobody's.")
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS",
@@ -81,6 +81,7 @@ def serve(settings: Settings, host: str, port: int, token_file: str | None, no_t
     logs.configure(log_format, log_level, url_secrets(settings.url))
     mask_uvicorn_logs()
     warn_of_a_visible_password(settings)
+    warn_of_believing_everyone(forwarded_allow_ips)
     load_tokens, server = _server()
     server.check_allowed_hosts(allowed_hosts)
     older = parse_duration(prune_after) if prune_after is not None else None
@@ -113,6 +114,15 @@ def warn_of_a_visible_password(settings: Settings) -> None:
             root.get_parameter_source("db") is ParameterSource.COMMANDLINE):
         click.echo("warning: --db holds a password, which anyone on this machine can read in "
                    "the process list (ps): give the URL in WORKLEDGER_DB instead", err=True)
+
+
+def warn_of_believing_everyone(forwarded_allow_ips: str | None) -> None:
+    """``*`` believes X-Forwarded-For from any client, which then names its own address: it
+    can dodge the sign-in throttle, or have another address counted. Said once, at start."""
+    if forwarded_allow_ips is not None and "*" in forwarded_allow_ips.split(","):
+        click.echo("warning: --forwarded-allow-ips '*' believes X-Forwarded-For from every "
+                   "client: safe only when every client comes through a proxy that overwrites "
+                   "that header; give the proxy's address instead", err=True)
 
 
 def mask_uvicorn_logs() -> None:
