@@ -353,6 +353,20 @@ def test_uvicorns_own_log_lines_pass_through_the_masking_formatter(
     assert any(line["logger"].startswith("uvicorn") for line in lines), err
 
 
+def test_a_flood_of_malformed_requests_writes_a_line_now_and_then_not_one_each(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """uvicorn logs a line per malformed request: any client could fill the disk or drown
+    the log. The same line is written at most once in ten seconds, saying how many it
+    stands for."""
+    with served(sqlite_url, cwd=tmp_path) as server:
+        for _ in range(50):
+            assert raw(server, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+        assert server.get("healthz").status_code == 200
+        err = server.stop()
+    said = [line for line in err.splitlines() if "Invalid HTTP request" in line]
+    assert 1 <= len(said) <= 2, err[-2000:]
+
+
 def test_the_ledger_and_its_exports_are_created_readable_by_their_owner_only(
         tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"

@@ -134,8 +134,9 @@ def mask_uvicorn_logs() -> None:
     theirs.setLevel(logging.WARNING)
     theirs.propagate = False
     errors = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, NoWebsocketNews) for f in errors.filters):
-        errors.addFilter(NoWebsocketNews())
+    for kind in (NoWebsocketNews, RepeatedNews):
+        if not any(isinstance(f, kind) for f in errors.filters):
+            errors.addFilter(kind())
 
 
 class NoWebsocketNews(logging.Filter):
@@ -146,6 +147,32 @@ class NoWebsocketNews(logging.Filter):
         text = str(record.msg)
         return not text.startswith(("Unsupported upgrade request",
                                     "No supported WebSocket library"))
+
+
+class RepeatedNews(logging.Filter):
+    """uvicorn writes a line for each malformed request and each one past the concurrency
+    limit: any client could flood the log. Each such line at most once every ``every``
+    seconds, saying how many it stands for."""
+
+    LINES = ("Invalid HTTP request received.", "Exceeded concurrency limit.")
+
+    def __init__(self, every: float = 10.0) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[str, tuple[float, int]] = {}  # line -> (when written, left out since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text not in self.LINES:
+            return True
+        written, left_out = self._last.get(text, (float("-inf"), 0))
+        if record.created - written < self.every:
+            self._last[text] = (written, left_out + 1)
+            return False
+        self._last[text] = (record.created, 0)
+        if left_out:
+            record.msg, record.args = f"{text} ({left_out:,} more since the last, not logged)", None
+        return True
 
 
 @click.command()
