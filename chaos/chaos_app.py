@@ -32,7 +32,9 @@ SINK = Sink(os.environ.get("CHAOS_SINK", "chaos-sink.db"))
 CONTROL = Path(os.environ.get("CHAOS_CONTROL", "."))
 HANDLER_TIMEOUT = float(os.environ.get("CHAOS_HANDLER_TIMEOUT", "1.5"))
 RETRY = {"max_attempts": 6, "base_delay": 0.2, "max_delay": 1.0}
-HANG_SECONDS = 120.0  # far past any timeout: only the worker's time limit ends it
+# a hang overruns the time limit by 0.5-3 s and then makes its effect: the late effect lands,
+# so a verify hook asked, or a rerun started, while it still ran would show as a second effect
+OVERRUN = (0.5, 3.0)
 
 ledger = Ledger()  # the URL comes from --db
 relay = ledger.job("relay", tolerate=0.5, batch_size=4)
@@ -56,13 +58,13 @@ def refusing() -> bool:
 
 
 def _maybe_hang() -> None:
-    """Take one hang token, if any, and hang past the stage's time limit."""
+    """Take one hang token, if any, and run past the stage's time limit by 0.5-3 s."""
     for token in sorted(CONTROL.glob("hang.*")):
         try:
             token.rename(token.with_name(f"taken.{os.getpid()}.{token.name}"))
         except OSError:
             continue  # another handler took it
-        time.sleep(HANG_SECONDS)
+        time.sleep(HANDLER_TIMEOUT + random.uniform(*OVERRUN))
         return
 
 

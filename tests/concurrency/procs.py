@@ -159,6 +159,8 @@ def build_ledger(
       the file ``crash_marker`` does not exist yet (it creates it first: a crash that happens once);
     - appends the effect to ``sink``;
     - exits the process with 137 if ``item.key == poison_key`` (every time: a poison item);
+    - hangs ``hang_for`` seconds after its effect if its key is one of ``hang_key``
+      (comma-separated);
     - sleeps ``sleep + block`` seconds and returns ``{"pid", "token", "attempt"}``.
     """
     from workledger import Item, Ledger
@@ -178,7 +180,7 @@ def build_ledger(
             from workledger import Retry
 
             raise Retry("downstream asks to wait", delay=retry_delay)
-        if hang_key is not None and item.key == hang_key:
+        if hang_key is not None and item.key in hang_key.split(","):
             writer.record(item, ctx)
             time.sleep(hang_for)  # a handler that hangs: only its time limit ends it
         if crash_once_key is not None and item.key == crash_once_key:

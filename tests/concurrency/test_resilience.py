@@ -199,22 +199,32 @@ def test_a_hung_handler_is_abandoned_at_its_time_limit_while_its_siblings_comple
     assert "still running after 1s: abandoned" in worker.stderr()
 
 
-def test_a_late_result_of_an_abandoned_handler_is_discarded_as_stale(
+def test_an_abandoned_handler_keeps_its_item_held_until_it_ends_and_its_result_is_not_applied(
     make_ledger: Callable[..., Any], spawn: Callable[..., Proc], sink: Path,  # noqa: F811
     db_url: str,
 ) -> None:
+    """Past its limit the handler is abandoned, but its item stays claimed (nobody may verify,
+    rerun or resolve it while the handler may still make its effect); when the handler ends,
+    the item is settled by the stage's declaration and what the handler did is in the event."""
     ledger = make_ledger(idempotent=False)
     run_id = ledger.job(procs.JOB).submit({"n": 4}).run_id
     worker = spawn(procs.worker_command(db_url, sink, concurrency=2, chunk=4, lease=30.0,
-                                        idempotent=False, hang_key="k1", hang_for=1.5,
+                                        idempotent=False, hang_key="k1", hang_for=3.0,
                                         timeout=0.5, until_idle=False), name="w")
-    wait_until(lambda: any(e.kind == "stale_result" for e in ledger.events(run_id)),
-               "the late result, written stale", timeout=60)
+    wait_until(lambda: "abandoned" in worker.stderr(), "the handler to be abandoned")
+    (held,) = [i for i in all_items(ledger, run_id) if i.key == "k1"]
+    assert held.state == "claimed", held  # its handler is still running
+    wait_until(lambda: any(e.kind == "unknown" for e in ledger.events(run_id)),
+               "the item settled once its handler ended", timeout=60)
     worker.signal(signal.SIGTERM)  # this worker has no signal handler: SIGTERM ends it
     assert worker.wait() == -signal.SIGTERM
     (hung,) = [i for i in all_items(ledger, run_id) if i.key == "k1"]
     assert (hung.state, hung.error) == ("unknown", "timeout after 0.5s")
     assert hung.result is None  # the late result was not applied
+    (settled,) = [e for e in ledger.events(run_id) if e.kind == "unknown"]
+    assert settled.detail["late"] == "Processed", settled.detail
+    assert settled.detail["ran_for"] >= 2.5, settled.detail  # it hung 3 s
+    assert not [e for e in ledger.events(run_id) if e.kind == "stale_result"]
 
 
 def test_a_worker_with_more_stuck_handlers_than_threads_exits_3(
@@ -224,9 +234,9 @@ def test_a_worker_with_more_stuck_handlers_than_threads_exits_3(
     ledger = make_ledger(max_attempts=5)
     ledger.job(procs.JOB).submit({"n": 3})
     worker = spawn(procs.worker_command(db_url, sink, concurrency=1, chunk=3, lease=30.0,
-                                        hang_key="k0", timeout=0.3, retry_delay=None),
+                                        hang_key="k0,k1", timeout=0.3, retry_delay=None),
                    name="w")
-    # k0 hangs at every attempt: its stuck threads pile up past the one the worker has
+    # k0 and k1 hang: their stuck threads pile up past the one the worker has
     assert worker.wait(timeout=120) == 3
     assert "stuck past their time limit" in worker.stderr()
 

@@ -11,14 +11,21 @@ writes the outcomes fenced by the claim's token:
   as threads are free (for stages that are not idempotent), and only then are they started;
 - an item whose previous holder vanished (a suspect) runs alone, its attempt charged first.
 
-A handler still running past its limit is abandoned: its item is settled at once as if its
-holder had vanished (by the stage's declaration), its lease is no longer renewed, and its late
-result is written later, fenced, as a stale result (:class:`LateResults`).
+A handler still running past its limit is abandoned: the chunk goes on without it, but its item
+stays held, its lease renewed, until the handler has really ended (a thread returns, a
+coroutine's cancellation completes, a child process is killed): only then is it settled as if
+its holder had vanished, by the stage's declaration (:class:`LateResults`). An item whose
+handler may still be running is never verified, run again or resolved as pending.
+
+Every item the chunk holds keeps its lease renewed while the chunk waits, whatever it waits
+for: its turn in a round, a suspect running alone before it, a flush.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -33,6 +40,7 @@ from workledger.runtime.executors import Executor
 from workledger.runtime.holder import Holder, WorkReport
 from workledger.runtime.jobs import Job
 from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
+from workledger.runtime.renewal import Renewal
 from workledger.storage.port import (
     ClaimedItem,
     Finish,
@@ -72,6 +80,7 @@ class Chunk:
         self.run_id = items[0].run_id
         self.token = items[0].lease_token
         self.finishes: list[Finish] = []
+        self.held = {i.id for i in items}  # leased to this chunk, outcome not written yet
         self.limits = job.timed_stages(worker.options.timeout)
         self.last_flush = worker.clock()
         self.last_beat = worker.clock()
@@ -266,8 +275,7 @@ class Chunk:
                     left.pop(f)
                 self.release(dropped)
             if left and self.worker.clock() - self.last_beat >= opts.lease / 3:
-                self._heartbeat([i.id for items in [*left.values(), *self.queued]
-                                 for i in items])
+                self._heartbeat(sorted(self.held))
             if left and self.finishes and self.worker.clock() - self.last_flush >= opts.flush_every:
                 self.flush()
 
@@ -297,31 +305,21 @@ class Chunk:
             self.executor_for(items[0]).abandon(f)
             left.pop(f)
             for item in items:
-                self._settle_timeout(item, limit, charge)
-            self.worker.late.add(f, self.job, self.run_id, charge)
+                self._overrun(item, limit)
+            self.held.difference_update(i.id for i in items)  # the late results hold them now
+            self.worker.late.add(self.worker, Overrun(f, self.job, items, limit, charge, now))
 
     def _vanished(self, item: ClaimedItem, reason: str) -> Outcome:
-        """What becomes of an item whose handler was lost mid-run, by its stage's declaration:
-        what the sweeper would do once its lease expired, but at once."""
-        stage = self.job.stage_named(item.stage)
-        if stage.idempotent:
-            return RetryLater(reason)  # an attempt charged; failed after max_attempts
-        if stage.verify is not None:
-            return Unknown(AWAITING_VERIFY)  # the sweeper asks the hook
-        return Unknown(reason)  # a person resolves it
+        return vanished(self.job, item, reason)
 
-    def _settle_timeout(self, item: ClaimedItem, limit: float, charge: int) -> None:
-        """As if its holder had vanished, by the stage's declaration, but at once."""
+    def _overrun(self, item: ClaimedItem, limit: float) -> None:
         stage = self.job.stage_named(item.stage)
-        outcome = self._vanished(item, f"timeout after {limit:g}s")
-        self.add(to_finish(self.job, item, outcome, item.attempts + 1, self.worker.rng.random(),
-                           charge))
         with self.worker.count_lock:
             self.worker.report.abandoned += 1
-        log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned, %s",
-                    item.run_id, item.stage, item.seq, item.key, limit,
-                    after_timeout(stage.idempotent,
-                                  item.attempts + 1 >= stage.policy.max_attempts))
+        log.warning("run %s: item %s/%s (key %s) still running after %gs: abandoned; it stays "
+                    "held until its handler ends, then %s", item.run_id, item.stage, item.seq,
+                    item.key, limit, after_timeout(stage.idempotent,
+                                                   item.attempts + 1 >= stage.policy.max_attempts))
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -331,6 +329,7 @@ class Chunk:
         self.last_beat = self.worker.clock()
 
     def release(self, ids: list[int]) -> None:
+        self.held.difference_update(ids)
         if ids:
             n = self.store.items_release(LeaseParams(self.run_id, ids, self.token,
                                                      actor=self.worker.worker_id))
@@ -344,6 +343,7 @@ class Chunk:
         if not self.finishes and not start:
             return []
         finishes, self.finishes = self.finishes, []
+        self.held.difference_update(f.id for f in finishes)
         result = self.store.items_finish_if_leased(
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
                          start=[i.id for i in start], start_token=self.token))
@@ -385,28 +385,103 @@ def _count(report: WorkReport, run_id: int, finishes: list[Finish], result: Fini
             setattr(report, state, getattr(report, state) + n)
 
 
+def vanished(job: Job, item: ClaimedItem, reason: str) -> Outcome:
+    """What becomes of an item whose handler was lost mid-run (or ran past its time limit
+    and has ended), by its stage's declaration: what the sweeper does once its holder is gone,
+    but at once."""
+    stage = job.stage_named(item.stage)
+    if stage.idempotent:
+        return RetryLater(reason)  # an attempt charged; failed after max_attempts
+    if stage.verify is not None:
+        return Unknown(AWAITING_VERIFY)  # the sweeper asks the hook
+    return Unknown(reason)  # a person resolves it
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A task abandoned past its time limit: its items, still held under the chunk's token."""
+
+    future: Future[list[Ran]]
+    job: Job
+    items: list[ClaimedItem]
+    limit: float
+    charge: int
+    since: float  # the worker's clock when it was abandoned
+
+
 @dataclass
 class LateResults:
-    """Handlers abandoned past their time limit. When one returns at last, its result is
-    written fenced by its old token, which no longer holds: it is recorded as stale and
-    discarded (a ``stale_result`` event), never applied."""
+    """Handlers abandoned past their time limit, until each has really ended. Their items stay
+    claimed, their leases renewed from a thread of their own (:class:`Renewal`), so no sweeper
+    takes them back, asks a verify hook or lets a person resolve them as pending while the
+    handler may still make its effect. When the handler ends (a thread returns, a coroutine's
+    cancellation completes, a child process is killed), its items are settled, fenced by their
+    token, as if their holder had vanished, by the stage's declaration; what the handler did
+    late is in the event's detail (``late``), never applied as the item's result."""
 
-    pending: list[tuple[Future[list[Ran]], Job, int, int]] = field(default_factory=list)
+    pending: list[Overrun] = field(default_factory=list)
+    _renewal: Renewal | None = None
+    _holder: Holder | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, future: Future[list[Ran]], job: Job, run_id: int, charge: int) -> None:
-        self.pending.append((future, job, run_id, charge))
+    def add(self, holder: Holder, overrun: Overrun) -> None:
+        with self._lock:
+            self._holder = holder
+            if self._renewal is None:
+                self._renewal = Renewal(holder.store, holder.options.lease, "wl-overruns",
+                                        on_wake=lambda: self.write(holder))
+            self.pending.append(overrun)
+            renewal = self._renewal
+        items = overrun.items
+        renewal.hold(items[0].run_id, items[0].lease_token, [i.id for i in items])
+        overrun.future.add_done_callback(lambda _: renewal.poke())
 
     def write(self, worker: Holder) -> None:
-        done = [p for p in self.pending if p[0].done()]
-        self.pending = [p for p in self.pending if not p[0].done()]
-        for future, job, run_id, charge in done:
-            finishes = [to_finish(job, item, outcome, item.attempts + 1, 0.0, charge)
-                        for item, outcome in _ran(future)
-                        if outcome is not None and not isinstance(outcome, HolderLost)]
-            if finishes:
-                result = worker.store.items_finish_if_leased(
-                    FinishParams(run_id, finishes, actor=worker.worker_id))
-                count(worker, run_id, finishes, result)
+        """Settle the items of every abandoned handler that has ended by now."""
+        with self._lock:
+            done = [p for p in self.pending if p.future.done()]
+            self.pending = [p for p in self.pending if not p.future.done()]
+            renewal = self._renewal
+        for overrun in done:
+            try:
+                self._settle(worker, overrun)
+            except BaseException:
+                with self._lock:  # not written: the next wake-up tries again
+                    self.pending.append(overrun)
+                raise
+            if renewal is not None:
+                items = overrun.items
+                renewal.drop(items[0].run_id, items[0].lease_token, [i.id for i in items])
+
+    def _settle(self, worker: Holder, overrun: Overrun) -> None:
+        late = {item.id: outcome for item, outcome in _ran(overrun.future)}
+        ran_for = worker.clock() - overrun.since + overrun.limit
+        finishes = []
+        for item in overrun.items:
+            outcome = vanished(overrun.job, item, f"timeout after {overrun.limit:g}s")
+            finish = to_finish(overrun.job, item, outcome, item.attempts + 1,
+                               worker.rng.random(), overrun.charge)
+            facts = json.loads(finish.detail) if finish.detail else {}
+            facts["late"] = _what_it_did(late.get(item.id))
+            facts["ran_for"] = round(ran_for, 3)
+            finishes.append(finish._replace(event=finish.event or "unknown",
+                                            detail=json.dumps(facts)))
+        run_id = overrun.items[0].run_id
+        result = worker.store.items_finish_if_leased(
+            FinishParams(run_id, finishes, actor=worker.worker_id))
+        count(worker, run_id, finishes, result)
+        worker.nudge()
+
+
+def _what_it_did(outcome: Outcome | HolderLost | None) -> str:
+    """What an abandoned handler did in the end, for the settling event."""
+    if outcome is None:
+        return "it ended without an outcome"
+    if isinstance(outcome, HolderLost):
+        return outcome.reason
+    name = type(outcome).__name__
+    reason = getattr(outcome, "reason", None) or getattr(outcome, "evidence", None)
+    return f"{name}: {reason}" if reason else name
 
 
 def _ran(future: Future[list[Ran]]) -> list[Ran]:

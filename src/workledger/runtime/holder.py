@@ -7,11 +7,9 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workledger.runtime.jobs import Job
 from workledger.storage.port import Store
 
 
@@ -61,9 +59,10 @@ class WorkReport:
 
 
 class Late(Protocol):
-    """Where a handler abandoned past its time limit is left, to write its late result."""
+    """Where a handler abandoned past its time limit is left, its items held, until it ends
+    (``runtime/chunk.py``, ``LateResults``)."""
 
-    def add(self, future: Future[Any], job: Job, run_id: int, charge: int) -> None: ...
+    def add(self, holder: Holder, overrun: Any) -> None: ...
 
 
 class Holder(Protocol):

@@ -130,9 +130,10 @@ class Job:
         the whole batch. Each item keeps its own state, attempts, fencing and idempotency key.
 
         ``timeout``: seconds a handler may run. One still running then is abandoned: its item
-        is settled as if its holder had vanished (idempotent: back to pending, an attempt
-        charged; a verify hook: asked; otherwise ``unknown``), its late result is discarded as
-        stale, and the verify hook is held to the same limit.
+        stays held until the handler has really ended, then is settled as if its holder had
+        vanished (idempotent: back to pending, an attempt charged; a verify hook: asked;
+        otherwise ``unknown``); its late result is never applied, and the verify hook is held to
+        the same limit.
 
         ``rate_limit`` (``"50/s"``, ``"600/m"``, ``"1000/h"``) and ``max_in_flight``: limits a
         downstream's plan sets, enforced by the ledger over every worker on every machine and

@@ -38,6 +38,7 @@ from typing import Any
 from workledger.core.outcomes import Outcome
 from workledger.errors import AppError, UsageError
 from workledger.runtime.executors import TaskBook
+from workledger.storage import holders
 from workledger.storage.port import ClaimedItem
 
 POLL = 0.05  # seconds between looks at a running child (its outcome, its death, an abandon)
@@ -124,14 +125,18 @@ def _safe_start() -> Iterator[str | None]:
                 os.environ[SAFE_PATH] = before
 
 
-def _child_main(app: str, conn: Connection, running: Any, safe_path: str | None = None
-                ) -> None:
+def _child_main(app: str, conn: Connection, running: Any, safe_path: str | None = None,
+                holder_file: str | None = None) -> None:
     """A child's life: import the app, then run slices until told to stop (None) or until the
     parent is gone (its end of the pipe closes). ``running`` (shared memory) holds the index
     of the item it is running, so that the parent knows which one it was if it dies; the
     outcomes of a slice go back in one message when the slice ends. ``safe_path``: the
-    worker's own PYTHONSAFEPATH, which the handlers see (and what they start inherits)."""
+    worker's own PYTHONSAFEPATH, which the handlers see (and what they start inherits).
+    ``holder_file``: the worker's holder (SQLite, storage/holders.py), held by this process too
+    for as long as it lives, so a handler that outlives its worker keeps its leases."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if holder_file is not None:
+        holders.join(holder_file)
     if safe_path is None:
         os.environ.pop(SAFE_PATH, None)
     else:
@@ -177,14 +182,14 @@ class _Child:
     """One handler process. Started at once; :meth:`ready` waits for it to have imported the
     app, so that several children import theirs side by side."""
 
-    def __init__(self, app: str, name: str) -> None:
+    def __init__(self, app: str, name: str, holder_file: str | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.app = app
         self.conn, theirs = ctx.Pipe()
         self.running = ctx.RawValue("q", -1)  # the index of the item it is running
         with _safe_start() as safe_path:
             self.proc = ctx.Process(target=_child_main, name=name, daemon=True,
-                                    args=(app, theirs, self.running, safe_path))
+                                    args=(app, theirs, self.running, safe_path, holder_file))
             self.proc.start()
         theirs.close()
 
@@ -228,15 +233,17 @@ class _Task:
 class ProcessExecutor(TaskBook):
     """``size`` child processes, each fed by a thread of the parent that owns its pipe."""
 
-    def __init__(self, size: int, app: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, size: int, app: str, clock: Callable[[], float] = time.monotonic,
+                 holder_file: str | None = None) -> None:
         self.size = size
         self.app = app
+        self.holder_file = holder_file  # each child holds the worker's holder alive too
         self.clock = clock
         self.deaths = 0  # children that died or were killed, each replaced
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._tasks: dict[Future[Any], _Task] = {}
         self._lock = threading.Lock()
-        started = [_Child(app, f"wl-process-{i + 1}") for i in range(size)]
+        started = [_Child(app, f"wl-process-{i + 1}", holder_file) for i in range(size)]
         try:
             children = [child.ready() for child in started]
         except BaseException:
@@ -334,6 +341,6 @@ class ProcessExecutor(TaskBook):
     def _replace(self, dead: _Child) -> _Child:
         while True:
             try:
-                return _Child(self.app, dead.proc.name).ready()
+                return _Child(self.app, dead.proc.name, self.holder_file).ready()
             except AppError:
                 time.sleep(1.0)  # the app failed to import now: try again, do not spin

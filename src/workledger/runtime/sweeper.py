@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from workledger import failpoints
-from workledger.core.outcomes import Outcome, Processed
+from workledger.core.outcomes import Failed, Outcome, Processed
 from workledger.core.states import (
     AWAITING_VERIFY,
     OUTCOME_UNKNOWN,
@@ -45,11 +45,14 @@ from workledger.runtime.execute import (
     view_of,
 )
 from workledger.runtime.jobs import Job, Stage
+from workledger.runtime.renewal import renewing
 from workledger.storage.port import (
+    ClaimedItem,
     ClaimParams,
     FinishParams,
     ItemRow,
     ItemsInsert,
+    LeaseParams,
     NewEvent,
     NewItem,
     ReclaimParams,
@@ -138,6 +141,7 @@ class Sweeper:
         self.grace = grace  # seconds without decomposition progress before re-decomposing
         self.lease = lease
         self.rng = rng or random.Random()
+        self.holder: str | None = None  # the worker's holder, when it runs in a worker
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -274,21 +278,37 @@ class Sweeper:
         return self._run_closing(job, run_id)
 
     def _run_closing(self, job: Job, run_id: int) -> bool:
+        """Claim the run's ``@close`` entry and run its hook under that lease, renewed while the
+        hook runs (a hook longer than the lease is not taken back and run again by another
+        sweeper). Its attempt is charged before the hook starts, so a hook whose process dies
+        inside it is bounded by ``max_attempts`` like an item."""
         claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor,
-                                                     closing=True))
+                                                     closing=True, holder=self.holder))
         item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
         if item is None:
             return False  # another sweeper holds it, or it waits for its retry time
         hook = job.on_complete_fn
         assert hook is not None
-        attempt = item.attempts + 1
         stage = job.stage_named(CLOSE_STAGE)
+        attempt = item.attempts + 1
+        if item.attempts >= stage.policy.max_attempts:  # each of them lost with its process
+            outcome: Outcome = Failed(f"gave up after {item.attempts} attempts: the process "
+                                      "running the closing hook was lost each time")
+            return self._closed(job, run_id, item, outcome, item.attempts)
+        lease = LeaseParams(run_id, [item.id], item.lease_token)
+        if not self.store.items_mark_started(lease):
+            return False  # its lease is lost already
         limit = stage.limit(self.timeout)
-        outcome: Outcome = run_handler(job, stage, item, attempt, self.actor,
-                                       call=lambda: bounded(lambda: hook(self.status_of(run_id)),
-                                                            limit))
+        with renewing(self.store, self.lease, run_id, item.lease_token, [item.id]):
+            outcome = run_handler(job, stage, item, attempt, self.actor,
+                                  call=lambda: bounded(lambda: hook(self.status_of(run_id)),
+                                                       limit))
         failpoints.hit("closing.after_hook")
-        finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=1)
+        return self._closed(job, run_id, item, outcome, attempt)
+
+    def _closed(self, job: Job, run_id: int, item: ClaimedItem, outcome: Outcome,
+                attempt: int) -> bool:
+        finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=0)
         if finish.event is None:
             finish = finish._replace(event="closed")
         self.store.items_finish_if_leased(FinishParams(run_id, [finish], self.actor))

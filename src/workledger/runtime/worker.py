@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from workledger.core.limits import CHUNK_MAX
 from workledger.runtime.async_executor import AsyncExecutor
@@ -83,6 +83,7 @@ class Worker:
         self.late = LateResults()  # results of handlers abandoned past their time limit
         self.processes: ProcessExecutor | None = None  # with options.processes > 1
         self.coroutines: AsyncExecutor | None = None  # for jobs with async stages
+        self.holder: str | None = None  # this worker's holder of leases (Store.holder_open)
 
     # -- control ---------------------------------------------------------------------------
 
@@ -96,7 +97,14 @@ class Worker:
 
     def run(self) -> WorkReport:
         opts = self.options
-        self.processes = (ProcessExecutor(opts.processes, opts.app)
+        # on SQLite: a locked file that tells other processes this worker is alive, whatever
+        # the clocks say (storage/holders.py); its handler processes hold it too
+        holding = self.store.holder_open()
+        self.holder = holding[0] if holding else None
+        if self.sweeper is not None:
+            self.sweeper.holder = self.holder
+        self.processes = (ProcessExecutor(opts.processes, opts.app,
+                                          holder_file=holding[1] if holding else None)
                           if opts.processes > 1 and opts.app else None)
         where = frozenset().union(*(j.executors(opts.processes > 1) for j in self.jobs.values()))
         # threads only where a stage runs in them (one idle thread otherwise), and the event
@@ -135,6 +143,11 @@ class Worker:
                 self.coroutines.shutdown()
             if self.processes is not None:
                 self.processes.shutdown()
+            if self.holder is not None and not self.late.pending:
+                # nothing held any more: its leases may be taken back at once. (A handler
+                # abandoned past its limit that is still running keeps the holder alive with
+                # its process: its item is settled when it ends.)
+                self.store.holder_close(self.holder)
         for lane in lanes:
             lane.raise_failure()
         log.info("worker %s: stopped: %s", self.worker_id, _summary(self.report))
@@ -322,18 +335,17 @@ class Worker:
             chunk = self.store.items_claim(ClaimParams(
                 run_id=run_id, limit=self._claim_size(job), lease_seconds=self.options.lease,
                 actor=self.worker_id, record_event=job.full_history, job=job.name,
-                stages=stages, limits=limits))
+                stages=stages, limits=limits, holder=self.holder))
             self._counted("claimed", len(chunk))
             return chunk
         params = ClaimParams(run_id=run_id, limit=self._claim_size(job),
                              lease_seconds=self.options.lease, actor=self.worker_id,
-                             record_event=job.full_history, after_id=lane.cursor.get(run_id, 0))
+                             record_event=job.full_history, after_id=lane.cursor.get(run_id, 0),
+                             holder=self.holder)
         chunk = self.store.items_claim(params)
         if not chunk and params.after_id:
             # one sweep from the start picks up retries and reclaimed rows behind the cursor
-            chunk = self.store.items_claim(
-                ClaimParams(run_id, params.limit, params.lease_seconds, 0, params.actor,
-                            params.record_event))
+            chunk = self.store.items_claim(replace(params, after_id=0))
         lane.cursor[run_id] = chunk[-1].id if chunk else 0
         self._counted("claimed", len(chunk))
         return chunk

@@ -317,7 +317,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
                 rows = self._tuples(conn, self.Q["items_claim"], {
                     "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
                     "after_id": params.after_id, "limit": params.limit,
-                    "closing": params.closing,
+                    "closing": params.closing, "holder": params.holder,
                     **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed:
@@ -358,7 +358,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
             rows = conn.execute(self.Q["leases_reclaim_expired"], {
                 "to_state": params.to_state, "reason": params.reason, "job": params.job,
                 "stage": params.stage, "limit": params.limit,
-                "unstarted": params.unstarted}).fetchall()
+                "unstarted": params.unstarted, **self._reclaim_params()}).fetchall()
             items = sorted(map(self._item, rows), key=attrgetter("id"))
             if items:
                 self._wake(conn)
@@ -482,8 +482,13 @@ class LedgerStore(Overview[C], Dispatching[C]):
                                                       "limit": limit, "after_id": after_id})
         return [self._item(r) for r in rows]
 
+    def _reclaim_params(self) -> dict[str, Any]:
+        """What a dialect adds to judge a lease expired (SQLite: the live holders)."""
+        return {}
+
     def leases_expired(self, limit: int = 1000, after_id: int = 0) -> list[ItemRow]:
-        rows = self._read(self.Q["leases_expired"], {"limit": limit, "after_id": after_id})
+        rows = self._read(self.Q["leases_expired"], {"limit": limit, "after_id": after_id,
+                                                     **self._reclaim_params()})
         return [self._item(r) for r in rows]
 
     def items_audit(self, params: AuditItems) -> list[ItemRow]:

@@ -33,7 +33,7 @@ class StageLimits(Dialect[C]):
                 continue
             got = self._tuples(conn, self.Q["items_claim_stage"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "stage": stage, "limit": want, **token})
+                "stage": stage, "limit": want, "holder": params.holder, **token})
             if got and token["token"] is None:
                 token["token"] = got[0][7]  # the token the first statement took
             rows += got

@@ -95,6 +95,7 @@ class ClaimParams:
     actor: str = "worker"
     record_event: bool = False  # write a 'claimed' event per item (full history jobs)
     closing: bool = False  # claim the run's closing entry ('@close', the sweeper), never others
+    holder: str | None = None  # Store.holder_open's id: the claimed rows' holder (SQLite)
     # A job with limited stages is claimed stage by stage, in this order (each through the
     # stage's own index, so a claim stays O(chunk)), each limited stage no further than its
     # bucket and cap allow; empty: the one claim over every stage, in id order.
@@ -365,6 +366,13 @@ class Store(Protocol):
     def wait_for_work(self, timeout: float) -> bool: ...
     wakes_other_processes: bool  # whether that sign reaches workers in other processes
     def unlead(self) -> None: ...
+    # a holder of leases whose life the backend can tell from the operating system (SQLite:
+    # a locked file per worker, storage/holders.py): its (id, file), for ClaimParams.holder
+    # and for handler processes to hold too; None where leases are judged by the database's
+    # clock alone (PostgreSQL). A live holder's leases are never taken back on SQLite, a
+    # closed or dead one's at once (docs/reliability.md, "Clocks").
+    def holder_open(self) -> tuple[str, str] | None: ...
+    def holder_close(self, holder: str) -> None: ...
     def schema_version(self) -> int: ...
     def close(self) -> None: ...
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -20,10 +21,13 @@ from workledger.errors import Contention, DatabaseUnavailable, StorageError, Usa
 from workledger.storage import common
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
+from workledger.storage.holders import HolderFile, alive
 from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
 MIN_VERSION = (3, 35, 0)
+
+log = logging.getLogger("workledger.storage")
 
 
 def check_version(version: str = sqlite3.sqlite_version) -> None:
@@ -125,6 +129,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
                                       f"{_read_only(path) or exc}") from exc
         self._lock = threading.RLock()
         self._lead_fd: int | None = None
+        self._holders: dict[str, HolderFile] = {}
         self._lead_scope = ""
         self._work = _wake_event(path)
         self._wake_on_commit = False
@@ -245,6 +250,8 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
 
     def close(self) -> None:
         self.unlead()
+        for holder in list(self._holders):
+            self.holder_close(holder)
         with self._lock:
             self._conn.close()
 
@@ -284,6 +291,30 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         if self._lead_fd is not None:
             os.close(self._lead_fd)  # closing releases the lock
             self._lead_fd = None
+
+    # -- holders whose life the OS tells (storage/holders.py) ----------------------------------
+
+    def holder_open(self) -> tuple[str, str] | None:
+        if self.path == ":memory:":
+            return None
+        try:
+            holder = HolderFile(self.path)
+        except OSError as exc:  # a read-only folder: its leases are judged by the clock
+            log.warning("cannot keep a holder file beside %s (%s): leases are judged by "
+                        "the clock alone", self.path, exc)
+            return None
+        with self._lock:
+            self._holders[holder.id] = holder
+        return holder.id, str(holder.path)
+
+    def holder_close(self, holder: str) -> None:
+        with self._lock:
+            held = self._holders.pop(holder, None)
+        if held is not None:
+            held.close()
+
+    def _reclaim_params(self) -> dict[str, Any]:
+        return {"alive": json.dumps(alive(self.path)) if self.path != ":memory:" else "[]"}
 
     # -- schema ----------------------------------------------------------------------------
 

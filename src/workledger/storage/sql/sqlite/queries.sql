@@ -139,6 +139,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = :token,
+    holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (
@@ -161,6 +162,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = :token,
+    holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (
@@ -297,7 +299,12 @@ UPDATE wl_items SET
 WHERE id IN (
     SELECT i.id FROM wl_items AS i INDEXED BY wl_items_leased
     JOIN wl_runs AS r ON r.id = i.run_id
-    WHERE i.state = 'claimed' AND i.lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+    WHERE i.state = 'claimed'
+      -- a holder's lease is over when the holder is gone (at once), never while it is alive;
+      -- one claimed without a holder, when its time runs out (migration 0008)
+      AND CASE WHEN i.holder IS NULL
+          THEN i.lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+          ELSE i.holder NOT IN (SELECT value FROM json_each(:alive)) END
       AND r.job = :job AND i.stage = :stage
     LIMIT :limit)
 RETURNING *;
@@ -354,8 +361,11 @@ WHERE state IN ('failed', 'unknown') AND state IN (SELECT value FROM json_each(:
 ORDER BY id LIMIT :limit;
 
 -- name: leases_expired
+-- What leases_reclaim_expired would take back (a holder gone, or a lease without one run out).
 SELECT * FROM wl_items INDEXED BY wl_items_leased
-WHERE state = 'claimed' AND lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE state = 'claimed'
+  AND CASE WHEN holder IS NULL THEN lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+      ELSE holder NOT IN (SELECT value FROM json_each(:alive)) END
   AND id > :after_id
 ORDER BY id LIMIT :limit;
 
@@ -622,6 +632,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = :token,
+    holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     redispatch_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),

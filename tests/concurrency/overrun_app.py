@@ -1,0 +1,138 @@
+"""A worker process for the overrun tests (issue 21): handlers and hooks that outlive their
+time limit or their lease, with every effect appended to a log the ledger does not own.
+
+Run as a script, this file is one worker process::
+
+    python tests/concurrency/overrun_app.py --url URL --log EFFECTS.log [--lease 4] ...
+
+Job ``late``, payload ``{"n": N}``: items ``k0..k{N-1}`` of one stage ``send``, whose handler
+logs ``start``, sleeps ``--effect-at`` seconds, logs ``effect`` (the non-idempotent effect) and
+returns. ``--verify`` gives the stage a hook that answers ``done`` exactly when the item's
+effect is in the log. ``--hook-for S`` gives the job a closing hook (3 attempts at most)
+that logs ``close`` and takes S seconds, or kills its process inside it (``hook_crash``).
+Each log line is ``<what> <key or run> <lease token> <pid> <time>``, written with one
+``write`` on a file opened for appending, so lines of several processes never mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+JOB = "late"
+STAGE = "send"
+
+
+def log_line(path: str | os.PathLike[str], what: str, key: str, token: int) -> None:
+    line = f"{what} {key} {token} {os.getpid()} {time.time():.3f}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_log(path: str | os.PathLike[str]) -> list[tuple[str, str, int, int, float]]:
+    """The log's lines as (what, key, token, pid, time)."""
+    if not Path(path).exists():
+        return []
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        what, key, token, pid, at = line.split()
+        rows.append((what, key, int(token), int(pid), float(at)))
+    return rows
+
+
+def effects(path: str | os.PathLike[str], what: str = "effect") -> dict[str, int]:
+    """How many times each key's ``what`` happened."""
+    seen: dict[str, int] = {}
+    for kind, key, *_ in read_log(path):
+        if kind == what:
+            seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float | None = None,
+                 verify: bool = False, idempotent: bool = False, hook_for: float | None = None,
+                 executor: str | None = None, max_attempts: int = 5,
+                 hook_crash: bool = False) -> Any:
+    from workledger import Item, Ledger
+
+    ledger = Ledger(url)
+    job = ledger.job(JOB)
+
+    @job.decompose
+    def split(payload: dict[str, Any]) -> Any:
+        for i in range(int(payload["n"])):
+            yield Item(key=f"k{i}", data={"i": i})
+
+    def was_done(item: Any, ctx: Any) -> str:
+        return "done" if effects(log).get(item.key) else "not_done"
+
+    @job.stage(STAGE, idempotent=idempotent, timeout=timeout, max_attempts=max_attempts,
+               verify=was_done if verify else None, executor=executor)
+    def send(item: Any, ctx: Any) -> dict[str, Any]:
+        log_line(log, "start", item.key, ctx.lease_token)
+        time.sleep(effect_at)
+        log_line(log, "effect", item.key, ctx.lease_token)
+        return {"pid": os.getpid()}
+
+    if hook_for is not None:
+        @job.on_complete(max_attempts=3)
+        def closing(status: Any) -> None:
+            log_line(log, "close", str(status.run_id), 0)
+            if hook_crash:
+                os._exit(137)  # its process dies inside the hook, every time
+            time.sleep(hook_for)
+            log_line(log, "closed", str(status.run_id), 0)
+
+    return ledger
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--url", required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--lease", type=float, default=30.0)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--chunk", type=int, default=25)
+    p.add_argument("--effect-at", type=float, default=0.0)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--verify", action="store_true")
+    p.add_argument("--idempotent", action="store_true")
+    p.add_argument("--hook-for", type=float, default=None)
+    p.add_argument("--executor", default=None)
+    p.add_argument("--max-attempts", type=int, default=5)
+    p.add_argument("--forever", action="store_true")
+    a = p.parse_args(argv)
+    ledger = build_ledger(a.url, a.log, effect_at=a.effect_at, timeout=a.timeout,
+                          verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
+                          executor=a.executor, max_attempts=a.max_attempts)
+    report = ledger.work(concurrency=a.concurrency, chunk=a.chunk, lease=a.lease,
+                         until_idle=not a.forever, db_retry_for=60.0)
+    ledger.close()
+    print(json.dumps({"pid": os.getpid(), **asdict(report)}), flush=True)
+    return 0
+
+
+def command(url: str, log: str | os.PathLike[str], **options: Any) -> list[str]:
+    """The argv of one worker process running this file; ``options`` as the flags' names
+    with underscores (True for a switch)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--url", url, "--log", str(log)]
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        argv.append("--" + name.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+if __name__ == "__main__":
+    sys.exit(main())

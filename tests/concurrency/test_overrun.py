@@ -1,0 +1,271 @@
+"""Handlers and hooks that outlive their time limit or their lease, and clocks that lie
+(issue 21, items 1 to 4), with real worker processes, real signals and libfaketime.
+
+The promise under test: a non-idempotent effect happens once. An item whose handler may still
+be running is not verified, run again or resolved as pending; a closing hook runs once per
+completion of its run; every item a worker holds keeps its lease while it holds it; and on
+SQLite a live holder keeps its leases whatever the clocks say, a dead one loses them at once.
+Effects are appended to a log the ledger does not own (``overrun_app.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import overrun_app as app
+from .test_processes import Proc, spawn, wait_until  # noqa: F401 - spawn is a fixture
+
+pytestmark = pytest.mark.concurrency
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / "effects.log"
+
+
+@pytest.fixture
+def make_ledger(db_url: str, log: Path) -> Iterator[Callable[..., Any]]:
+    opened: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        ledger = app.build_ledger(db_url, str(log), **options)
+        opened.append(ledger)
+        return ledger
+
+    yield make
+    for ledger in opened:
+        ledger.close()
+
+
+def items_of(ledger: Any, run_id: int) -> dict[str, Any]:
+    return {i.key: i for i in ledger.items(run_id, limit=1000)}
+
+
+def kinds(ledger: Any, run_id: int, kind: str) -> list[Any]:
+    return [e for e in ledger.events(run_id) if e.kind == kind]
+
+
+# -- 1. a handler past its time limit that has not ended ----------------------------------------
+
+
+def test_a_timed_out_handler_still_running_is_not_verified_nor_run_again(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """The reviewer's reproduction: timeout 1 s, the effect at 2.5 s, lease 4 s. Before the
+    fix the item was settled at 1 s, verified `not_done` at 2 s and run again: two effects."""
+    options = {"timeout": 1.0, "verify": True, "effect_at": 2.5}
+    ledger = make_ledger(**options)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=4.0, concurrency=2, **options), name="w")
+    worker.wait_ok(timeout=90)
+    assert app.effects(log, "start") == {"k0": 1}, app.read_log(log)  # never run again
+    assert app.effects(log) == {"k0": 1}, app.read_log(log)
+    (item,) = items_of(ledger, run_id).values()
+    # the hook was asked once the handler had ended, and found its effect
+    assert item.state == "processed", item
+    verdicts = [e.detail for e in kinds(ledger, run_id, "verified")]
+    assert [d["verdict"] for d in verdicts] == ["done"], verdicts
+
+
+def test_an_overrunning_item_cannot_be_resolved_as_pending_until_its_handler_ends(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    options = {"timeout": 0.5, "effect_at": 4.0}
+    ledger = make_ledger(**options)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=2.0, **options), name="w")
+    wait_until(lambda: app.read_log(log), "the handler to start")
+    time.sleep(1.5)  # past its time limit, before its effect
+    (item,) = items_of(ledger, run_id).values()
+    assert item.state == "claimed", item  # still held: its handler runs
+    from workledger.errors import WorkledgerError
+
+    try:
+        moved = ledger.resolve(run_id, app.STAGE, item.seq, "pending", note="try it again")
+    except WorkledgerError:
+        moved = False
+    assert not moved
+    ledger.sweep(lease=2.0)  # nor does a sweeper take it back
+    assert items_of(ledger, run_id)["k0"].state == "claimed"
+    worker.wait_ok(timeout=60)
+    (item,) = items_of(ledger, run_id).values()
+    assert (item.state, item.error) == ("unknown", "timeout after 0.5s")
+    assert app.effects(log) == {"k0": 1}
+
+
+# -- 2. a closing hook longer than its lease ------------------------------------------------------
+
+
+def test_a_closing_hook_longer_than_its_lease_runs_once(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """Two workers, lease 2 s, a 6 s hook: before the fix it ran 5 times in 17 s."""
+    ledger = make_ledger(hook_for=6.0)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    workers = [spawn(app.command(db_url, log, lease=2.0, hook_for=6.0, forever=True),
+                     name=f"w{i}") for i in range(2)]
+    wait_until(lambda: app.effects(log, "closed"), "the closing hook to end", timeout=60)
+    time.sleep(5.0)  # two leases more: a second run would have started by now
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    assert app.effects(log, "close") == {str(run_id): 1}, app.read_log(log)
+    close = [i for i in ledger.items(run_id, limit=10, stage="@close")]
+    assert [i.state for i in close] == ["processed"]
+
+
+def test_a_closing_hook_whose_process_dies_inside_it_is_bounded_by_its_attempts(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Each sweeper that takes the hook dies in it: before the fix no attempt was ever charged
+    and nothing bounded it; now the third death is the last (max_attempts=3)."""
+    ledger = make_ledger(hook_for=0.0)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    spawn(app.command(db_url, log, lease=1.0), name="w").wait_ok()  # no hook in that one
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import overrun_app\n"
+        f"ledger = overrun_app.build_ledger({db_url!r}, {str(log)!r}, hook_for=0.0,"
+        " hook_crash=True)\n"
+        "ledger.sweep(lease=1.0)\n")
+    for i in range(6):
+        spawn([sys.executable, str(script)], name=f"sweep{i}").wait(timeout=60)
+        (close,) = ledger.items(run_id, limit=10, stage="@close")
+        if close.state == "failed":
+            break
+        time.sleep(1.2)  # its lease runs out (PostgreSQL); on SQLite its holder is gone
+    assert app.effects(log, "close") == {str(run_id): 3}, app.read_log(log)
+    assert (close.state, close.attempts) == ("failed", 3), close
+    assert "gave up after 3 attempts" in (close.error or "")
+
+
+# -- 3. a reclaimed chunk keeps every lease while its suspects run alone -------------------------
+
+
+def test_a_reclaimed_chunk_renews_every_item_it_holds(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """12 items killed after their claim, then a worker with lease 3 s and 1 s handlers:
+    before the fix the suspects waiting their turn let their leases lapse (31 `lease_expired`
+    events, items run twice)."""
+    ledger = make_ledger(idempotent=True)
+    run_id = ledger.job(app.JOB).submit({"n": 12}).run_id
+    first = spawn(app.command(db_url, log, lease=3.0, concurrency=12, chunk=12,
+                              idempotent=True, effect_at=60.0, forever=True), name="first")
+    wait_until(lambda: len(app.read_log(log)) == 12, "every item to start", timeout=60)
+    first.signal(signal.SIGKILL)
+    first.wait()
+    log.unlink()
+    second = spawn(app.command(db_url, log, lease=3.0, concurrency=2, chunk=12,
+                               idempotent=True, effect_at=1.0), name="second")
+    second.wait_ok(timeout=120)
+    assert app.effects(log) == {f"k{i}": 1 for i in range(12)}, app.read_log(log)
+    assert len(kinds(ledger, run_id, "lease_expired")) == 12  # the killed worker's, no more
+    assert all(i.state == "processed" for i in items_of(ledger, run_id).values())
+
+
+# -- 4. SQLite: the holder's life, not the clocks ----------------------------------------------
+
+
+def faketime(offset: str) -> list[str]:
+    exe = shutil.which("faketime")
+    if exe is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("faketime is required in CI (Debian package faketime)")
+        pytest.skip("faketime is not installed (apt-get install faketime)")
+    return [exe, "-f", offset]
+
+
+def sqlite_only(db_url: str) -> None:
+    if not db_url.startswith("sqlite"):
+        pytest.skip("on PostgreSQL every lease is judged by the server's one clock")
+
+
+def test_on_sqlite_a_worker_whose_clock_is_behind_keeps_its_leases(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """A worker under `faketime -f -10m` writes leases already expired by the others'
+    clocks; a sweep 2 s later took its three healthy items to `unknown` before the fix."""
+    sqlite_only(db_url)
+    ledger = make_ledger(effect_at=4.0)
+    run_id = ledger.job(app.JOB).submit({"n": 3}).run_id
+    worker = spawn(faketime("-10m") + app.command(db_url, log, lease=30.0, concurrency=3,
+                                                  effect_at=4.0), name="behind")
+    wait_until(lambda: len(app.read_log(log)) == 3, "its three handlers to start", timeout=60)
+    report = ledger.sweep(lease=30.0)
+    assert (report.to_pending, report.to_unknown) == (0, 0)
+    worker.wait_ok(timeout=60)
+    assert {i.state for i in items_of(ledger, run_id).values()} == {"processed"}
+    assert app.effects(log) == {"k0": 1, "k1": 1, "k2": 1}
+
+
+def test_on_sqlite_a_sweeper_whose_clock_is_ahead_takes_nothing_from_a_live_holder(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A forward clock step looks like every lease expiring at once."""
+    sqlite_only(db_url)
+    ledger = make_ledger(effect_at=4.0)
+    run_id = ledger.job(app.JOB).submit({"n": 2}).run_id
+    worker = spawn(app.command(db_url, log, lease=30.0, effect_at=4.0), name="w")
+    wait_until(lambda: len(app.read_log(log)) == 2, "its handlers to start", timeout=60)
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import overrun_app\n"
+        f"ledger = overrun_app.build_ledger({db_url!r}, {str(log)!r})\n"
+        "r = ledger.sweep(lease=30.0)\n"
+        "print(r.to_pending, r.to_unknown)\n")
+    sweeper = spawn(faketime("+1h") + [sys.executable, str(script)], name="ahead")
+    assert sweeper.wait(timeout=60) == 0, sweeper.stderr()
+    assert sweeper.out.read_text().split() == ["0", "0"]
+    worker.wait_ok(timeout=60)
+    assert {i.state for i in items_of(ledger, run_id).values()} == {"processed"}
+    assert app.effects(log) == {"k0": 1, "k1": 1}
+
+
+def test_on_sqlite_the_leases_of_a_dead_holder_are_taken_back_at_once(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    sqlite_only(db_url)
+    ledger = make_ledger(effect_at=60.0)
+    run_id = ledger.job(app.JOB).submit({"n": 2}).run_id
+    worker = spawn(app.command(db_url, log, lease=600.0, effect_at=60.0), name="w")
+    wait_until(lambda: len(app.read_log(log)) == 2, "its handlers to start", timeout=60)
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    report = ledger.sweep(lease=30.0)  # long before the 600 s lease would run out
+    assert report.to_unknown == 2
+    assert {i.state for i in items_of(ledger, run_id).values()} == {"unknown"}
+
+
+def test_on_sqlite_a_stopped_holder_keeps_its_items_until_it_is_gone(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """SIGSTOPped past its lease and SIGCONTed: nobody verified or ran its item meanwhile."""
+    sqlite_only(db_url)
+    options = {"verify": True, "effect_at": 3.0}
+    ledger = make_ledger(**options)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=1.0, **options), name="w")
+    wait_until(lambda: app.read_log(log), "the handler to start")
+    worker.signal(signal.SIGSTOP)
+    time.sleep(2.5)  # past its lease
+    report = ledger.sweep(lease=1.0)
+    assert (report.to_pending, report.to_unknown, report.verified) == (0, 0, 0)
+    worker.signal(signal.SIGCONT)
+    worker.wait_ok(timeout=60)
+    assert app.effects(log) == {"k0": 1}
+    assert items_of(ledger, run_id)["k0"].state == "processed"
