@@ -175,7 +175,7 @@ def test_a_reclaimed_chunk_renews_every_item_it_holds(
     assert all(i.state == "processed" for i in items_of(ledger, run_id).values())
 
 
-# -- 4. SQLite: the holder's life, not the clocks ----------------------------------------------
+# -- 4. the holder's life, not the clocks ----------------------------------------------
 
 
 def faketime(offset: str) -> list[str]:
@@ -251,11 +251,11 @@ def test_on_sqlite_the_leases_of_a_dead_holder_are_taken_back_at_once(
     assert {i.state for i in items_of(ledger, run_id).values()} == {"unknown"}
 
 
-def test_on_sqlite_a_stopped_holder_keeps_its_items_until_it_is_gone(
+def test_a_stopped_holder_keeps_its_items_while_it_lives(
     make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
 ) -> None:
-    """SIGSTOPped past its lease and SIGCONTed: nobody verified or ran its item meanwhile."""
-    sqlite_only(db_url)
+    """SIGSTOPped past its lease and SIGCONTed: nobody verified or ran its item meanwhile
+    (SQLite: its holder file stays locked; PostgreSQL: its holder session lives on)."""
     options = {"verify": True, "effect_at": 3.0}
     ledger = make_ledger(**options)
     run_id = ledger.job(app.JOB).submit({"n": 1}).run_id

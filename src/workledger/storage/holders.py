@@ -24,6 +24,11 @@ from pathlib import Path
 TEMP = ".new-"
 
 
+def new_holder_id() -> str:
+    """A holder's id: its host, its process, and a few random characters (one per worker)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 def holders_dir(db_path: str) -> Path:
     return Path(f"{db_path}.holders")
 
@@ -34,7 +39,7 @@ class HolderFile:
     def __init__(self, db_path: str) -> None:
         folder = holders_dir(db_path)
         folder.mkdir(mode=0o700, exist_ok=True)
-        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.id = new_holder_id()
         temp = folder / f"{TEMP}{uuid.uuid4().hex}"
         self.path = folder / self.id.replace("/", "_")
         self._fd: int | None = os.open(temp, os.O_CREAT | os.O_RDWR, 0o600)

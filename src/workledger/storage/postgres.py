@@ -31,7 +31,8 @@ from workledger.errors import Contention, DatabaseUnavailable, StorageError, Usa
 from workledger.storage import common
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
-from workledger.storage.port import ItemsInsert
+from workledger.storage.holders import new_holder_id
+from workledger.storage.port import ClaimedItem, ClaimParams, ItemsInsert
 from workledger.storage.queries import queries
 
 CONNECT_TIMEOUT = 5
@@ -41,6 +42,14 @@ RECONNECT_FOR = 3600.0  # the pool keeps trying to reconnect for this long
 # pg_try_advisory_lock(SWEEPER_LOCK, hashtext(current_schema())): held by the one process of a
 # ledger (a database and schema) that sweeps ("wl")
 SWEEPER_LOCK = 0x776C
+# pg_advisory_lock(HOLDER_LOCK, hashtext(current_schema() || '/' || holder)): held by a worker
+# for as long as it runs, on a session of its own ("wh"): its expired leases are taken back
+# only once that session is gone (migration 0008)
+HOLDER_LOCK = 0x7768
+# a holder's session is dropped by the server this long after its worker's host goes silent
+# (idle 10 s, then 3 probes 5 s apart), so a partitioned worker's items are not held for hours
+_HOLDER_KEEPALIVE = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+                     "SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000")
 # Session settings every connection gets unless the URL sets them (in its `options`), so that no
 # wait is unbounded: a statement, a lock, a transaction left open, a dead peer.
 SESSION_DEFAULTS = {
@@ -105,6 +114,8 @@ class PostgresStore(LedgerStore[Conn]):
         self._leader: psycopg.Connection[Any] | None = None
         self._leader_lock = threading.Lock()
         self._leader_scope = ""
+        self._holders: dict[str, psycopg.Connection[Any] | None] = {}  # holder_open's sessions
+        self._holders_lock = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None  # LISTENs for new work
         self._listen_lock = threading.Lock()
         self._schema = ""
@@ -177,6 +188,8 @@ class PostgresStore(LedgerStore[Conn]):
     def close(self) -> None:
         self._closed = True
         self.unlead()
+        for holder in list(self._holders):
+            self.holder_close(holder)
         with self._listen_lock:
             if self._listener is not None:
                 self._listener.close()
@@ -216,10 +229,47 @@ class PostgresStore(LedgerStore[Conn]):
             return False
 
     def holder_open(self) -> tuple[str, str] | None:
-        return None  # every lease is judged by the server's one clock
+        """A session advisory lock on a connection of its own, held while the worker runs: an
+        expired lease whose holder's session lives (a worker stopped or paused past its lease)
+        is not taken back. No file: handler processes do not hold it."""
+        holder = new_holder_id()
+        with self._holders_lock:
+            self._holders[holder] = None
+        self._holder_session(holder)
+        return holder, ""
 
     def holder_close(self, holder: str) -> None:
-        return None
+        with self._holders_lock:
+            conn = self._holders.pop(holder, None)
+        if conn is not None:
+            conn.close()  # the session ends: the lock is released
+
+    def _holder_session(self, holder: str) -> None:
+        """(Re)take ``holder``'s lock if its session was lost (a restart, a cut): called at
+        open and at every claim under it; without it its expired leases are taken back as
+        before."""
+        with self._holders_lock:
+            if holder not in self._holders:
+                return
+            conn = self._holders[holder]
+            if conn is not None and not conn.closed and not conn.broken:
+                return
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+                conn.execute(_HOLDER_KEEPALIVE)
+                conn.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema() || '/' || %s))",
+                             (HOLDER_LOCK, holder))
+            except psycopg.Error:
+                conn = None  # the database is away: the next claim tries again
+            self._holders[holder] = conn
+
+    def _reclaim_params(self) -> dict[str, Any]:
+        return {"holder_lock": HOLDER_LOCK}
+
+    def items_claim(self, params: ClaimParams) -> list[ClaimedItem]:
+        if params.holder is not None:
+            self._holder_session(params.holder)
+        return super().items_claim(params)
 
     def unlead(self) -> None:
         with self._leader_lock:

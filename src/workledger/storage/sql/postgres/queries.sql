@@ -148,6 +148,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = (SELECT value FROM token),
+    holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now()
 -- an id array, not a join: a join lets the planner hash the whole table for every claim
@@ -175,6 +176,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = COALESCE(%(token)s::bigint, (SELECT value FROM token)),
+    holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now()
 WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
@@ -306,10 +308,17 @@ WHERE run_id = %(run_id)s AND id > %(after_id)s
 
 -- name: leases_reclaim_expired
 -- moves: claimed -> pending, unknown
-WITH picked AS (
+-- A lease that ran out is taken back only if its holder's session is gone too (migration 0008):
+-- a worker stopped (SIGSTOP, a pause) past its lease keeps its session and its items.
+WITH live AS MATERIALIZED (
+    SELECT objid FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = %(holder_lock)s::oid AND objsubid = 2 AND granted),
+picked AS (
     SELECT i.id FROM wl_items AS i
     JOIN wl_runs AS r ON r.id = i.run_id
     WHERE i.state = 'claimed' AND i.lease_until < now()
+      AND (i.holder IS NULL OR hashtext(current_schema() || '/' || i.holder)::oid
+           NOT IN (SELECT objid FROM live))
       AND r.job = %(job)s AND i.stage = %(stage)s
     LIMIT %(limit)s
     FOR UPDATE OF i SKIP LOCKED)
@@ -383,8 +392,14 @@ WHERE state IN ('failed', 'unknown') AND state = ANY (%(states)s::text[])
 ORDER BY id LIMIT %(limit)s;
 
 -- name: leases_expired
+-- What leases_reclaim_expired would take back: run out, and its holder's session gone.
+WITH live AS MATERIALIZED (
+    SELECT objid FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = %(holder_lock)s::oid AND objsubid = 2 AND granted)
 SELECT * FROM wl_items
 WHERE state = 'claimed' AND lease_until < now() AND id > %(after_id)s
+  AND (holder IS NULL OR hashtext(current_schema() || '/' || holder)::oid
+       NOT IN (SELECT objid FROM live))
 ORDER BY id LIMIT %(limit)s;
 
 -- name: audit_attention
@@ -673,6 +688,7 @@ UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
     lease_token = (SELECT value FROM token),
+    holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now(),
     redispatch_at = now(),
