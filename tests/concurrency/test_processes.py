@@ -244,6 +244,22 @@ def holds_write_transaction(db_url: str, name: str) -> bool:
     return any(state != "idle" for (state,) in sessions)
 
 
+def lose_holder(db_url: str, name: str) -> None:
+    """Make the holder of the sessions tagged ``name`` look gone while its process lives: on
+    SQLite remove every holder file (storage/holders.py), on PostgreSQL end its sessions (its
+    holder lock with them)."""
+    if db_url.startswith("sqlite"):
+        folder = Path(db_url[len("sqlite:///"):] + ".holders")
+        for path in folder.iterdir():
+            path.unlink()
+        return
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = %s AND pid <> pg_backend_pid()", (name,))
+
+
 def stop_outside_transaction(proc: Proc, db_url: str, name: str) -> None:
     """SIGSTOP ``proc`` at a moment it holds no database transaction (else the others block)."""
 
@@ -407,6 +423,9 @@ def test_stale_worker_cannot_finish_after_reclaim(
 
     wait_until(all_started, "the first worker to be running every item of its chunk")
     stop_outside_transaction(stale, db_url, "wl-stale-worker")
+    # a stopped worker that is alive keeps its items: this one is made to look gone while it
+    # lives (its holder's file removed, its sessions cut), the zombie that fencing is for
+    lose_holder(db_url, "wl-stale-worker")
     held = all_items(ledger, run_id)
     assert all(i.state == "claimed" for i in held)
     (token_a,) = {i.lease_token for i in held}
