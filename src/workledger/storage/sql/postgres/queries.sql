@@ -6,8 +6,8 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -428,8 +428,9 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, now())
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean,
+        now())
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -617,7 +618,19 @@ WHERE id = %(run_id)s AND completed_at IS NOT NULL
   AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)
   AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
                   AND state IN ('pending', 'claimed', 'unknown'))
+  AND NOT (closing IS TRUE AND cancelled_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
+                           AND stage = '@close' AND state IN ('processed', 'failed', 'skipped')))
 RETURNING id;
+
+-- name: runs_unclosed
+-- Of these runs, those recorded with a closing hook (migration 0012) that has not run yet:
+-- not cancelled, and no terminal (or unknown) @close entry. prune keeps them, and says why.
+SELECT r.id FROM wl_runs AS r
+WHERE r.id = ANY (%(run_ids)s::bigint[]) AND r.closing IS TRUE AND r.cancelled_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = '@close'
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
 
 -- name: items_prune
 -- One bounded batch of a pruned run's items (its run row is gone: nothing else moves them).

@@ -4,8 +4,8 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
-VALUES (:job, :key, :payload, :tolerate)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
+VALUES (:job, :key, :payload, :tolerate, :closing)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -400,8 +400,8 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
-VALUES (:job, :key, :payload, :tolerate, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -582,7 +582,20 @@ WHERE id = :run_id AND completed_at IS NOT NULL
   AND completed_at < strftime('%Y-%m-%d %H:%M:%f', 'now', :cutoff)
   AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id
                   AND state IN ('pending', 'claimed', 'unknown'))
+  AND NOT (coalesce(closing, 0) = 1 AND cancelled_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id AND stage = '@close'
+                           AND state IN ('processed', 'failed', 'skipped')))
 RETURNING id;
+
+-- name: runs_unclosed
+-- Of these runs, those recorded with a closing hook (migration 0012) that has not run yet:
+-- not cancelled, and no terminal (or unknown) @close entry. prune keeps them, and says why.
+SELECT r.id FROM wl_runs AS r
+WHERE r.id IN (SELECT value FROM json_each(:run_ids)) AND r.closing = 1
+  AND r.cancelled_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = '@close'
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
 
 -- name: items_prune
 -- One bounded batch of a pruned run's items (its run row is gone: nothing else moves them).
