@@ -215,9 +215,11 @@ WHERE c.stage = %(stage)s AND c.state = 'claimed'
 -- name: events_add_now
 -- events_add at the statement's own time, not the transaction's start: a limited claim's
 -- 'claimed' events say when its bucket was spent, after the wait for its lock.
+-- Only while the run exists, as events_add.
 INSERT INTO wl_events (at, run_id, item_id, kind, lease_token, actor, detail)
-VALUES (clock_timestamp(), %(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s,
-        %(detail)s::jsonb);
+SELECT clock_timestamp(), %(run_id)s::bigint, %(item_id)s::bigint, %(kind)s::text,
+       %(lease_token)s::bigint, %(actor)s::text, %(detail)s::jsonb
+FROM wl_runs WHERE id = %(run_id)s::bigint FOR KEY SHARE;
 
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
@@ -345,8 +347,16 @@ FROM (
 ) AS open_items;
 
 -- name: events_add
+-- Only while the run exists: a write that arrives after its run was pruned (a stale finish,
+-- an ack, a sweeper's note) would leave an event nothing ever removes. KEY SHARE holds the
+-- run row until this transaction commits, so a prune's delete of it waits and then deletes
+-- this event with the others, and an insert after the delete finds no row and writes nothing.
+-- It conflicts only with a delete and with reconcile's FOR UPDATE, which locks no item and
+-- takes the counter rows after the run row, as every writer does (lock order, design.md).
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (%(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s, %(detail)s::jsonb);
+SELECT %(run_id)s::bigint, %(item_id)s::bigint, %(kind)s::text, %(lease_token)s::bigint,
+       %(actor)s::text, %(detail)s::jsonb
+FROM wl_runs WHERE id = %(run_id)s::bigint FOR KEY SHARE;
 
 -- name: events_list
 SELECT * FROM wl_events

@@ -204,7 +204,8 @@ WHERE c.stage = :stage AND c.state = 'claimed'
 -- name: events_add_now
 -- events_add, the same as it on SQLite (one writer: the statement's time is the claim's).
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+SELECT :run_id, :item_id, :kind, :lease_token, :actor, :detail
+WHERE EXISTS (SELECT 1 FROM wl_runs WHERE id = :run_id);
 
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
@@ -316,8 +317,12 @@ FROM wl_items, (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now
 WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('pending', 'claimed');
 
 -- name: events_add
+-- Only while the run exists: a write that arrives after its run was pruned (a stale finish,
+-- an ack, a sweeper's note) would leave an event nothing ever removes. One writer: the check
+-- and the insert see the same ledger.
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+SELECT :run_id, :item_id, :kind, :lease_token, :actor, :detail
+WHERE EXISTS (SELECT 1 FROM wl_runs WHERE id = :run_id);
 
 -- name: events_list
 SELECT * FROM wl_events
