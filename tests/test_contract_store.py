@@ -196,7 +196,7 @@ def test_migrate_applies_every_version_once_and_then_nothing(db_url: str) -> Non
 
 def test_migrate_on_a_migrated_store_applies_nothing(store: Store) -> None:
     assert store.migrate() == []
-    assert store.schema_version() == len(migrations(store.dialect))
+    assert store.schema_version() == migrations(store.dialect)[-1][0]
 
 
 # -- runs ------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ PUBLIC_COLUMNS = {
         "skipped",
         "tolerate",
         "deferred_at",
+        "closing",
     },
     "wl_items": {
         "id",

@@ -242,7 +242,8 @@ class Ledger:
         job.check_ready()
         inputs.check_key(key)
         text = canonical_json(payload)
-        new = NewRun(job.name, key or default_key(text), text, float(job.tolerate))
+        new = NewRun(job.name, key or default_key(text), text, float(job.tolerate),
+                     closing=job.closing is not None)
         if conn is not None:
             return self._submit_in(conn, job, new)
         run, created = self.store.run_submit(new)

@@ -31,8 +31,8 @@ Exit codes:
 
 \b
 --app is loaded only by the commands that run your code or need what a job
-declares: submit, worker, sweep and resolve --as processed (audit uses it
-when given). Every other command reads the ledger alone.
+declares: submit, worker, sweep and resolve --as processed (audit and prune
+use it when given). Every other command reads the ledger alone.
 """
 
 

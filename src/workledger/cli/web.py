@@ -189,11 +189,12 @@ def prune(settings: Settings, finished_before: str, job: str | None, dry_run: bo
     """Delete runs finished before the cutoff with their items, counts and events.
 
     A run counts as finished when every item is terminal (a cancelled run's are, once its
-    pending items were skipped); a run with unknown items is never pruned. Deletes in short
-    batches, safe while workers run.
+    pending items were skipped); a run with unknown items is never pruned, nor one whose
+    closing hook has not run yet (recorded at submit; for runs older than that record,
+    declared by --app when given). Deletes in short batches, safe while workers run.
     """
     older = parse_duration(finished_before)
-    ledger = settings.ledger()
+    ledger = settings.ledger(app=True)
     with ExitStack() as stack:
         out = None
         if export is not None and not dry_run:
@@ -212,9 +213,16 @@ def prune(settings: Settings, finished_before: str, job: str | None, dry_run: bo
                + (" ..." if len(report.runs) > 20 else ""))
     if report.resumed:
         click.echo(f"finished {len(report.resumed)} prune(s) left part-way earlier")
+    if report.closing:
+        click.echo(f"kept {len(report.closing)} run(s) whose closing hook has not run yet: "
+                   + _ids(report.closing))
     if report.kept:
         click.echo(f"kept {len(report.kept)} run(s) that changed meanwhile: "
-                   + ", ".join(map(str, report.kept)))
+                   + _ids(report.kept))
+
+
+def _ids(run_ids: list[int]) -> str:
+    return ", ".join(map(str, run_ids[:20])) + (" ..." if len(run_ids) > 20 else "")
 
 
 COMMANDS = (serve, prune)

@@ -129,6 +129,7 @@ class PruneBody(BaseModel):
     events: int
     resumed: list[int]
     kept: list[int]
+    closing: list[int]
 
 
 # -- requests ------------------------------------------------------------------------------------

@@ -2,9 +2,12 @@
 
 A run is pruned only when it is complete (every item terminal, which a cancelled run's are once
 its pending items were skipped) and finished before the cutoff; a run with an ``unknown`` item
-is not complete, so it is never pruned. With an export, the run's row (with its payload), every
-item and every event are written to a JSON Lines file and flushed to disk before anything is
-deleted.
+is not complete, so it is never pruned. Nor is a complete run whose closing hook has not run
+yet: the run records at submit whether its job declared one (migration 0012), so ``prune``
+keeps it whether or not the app is loaded (and the statement that deletes the row checks it
+again); for runs older than that record, the loaded app's declarations decide. With an
+export, the run's row (with its payload), every item and every event are written to a JSON
+Lines file and flushed to disk before anything is deleted.
 
 The deletion runs in short transactions so that workers are never held up for long: first the
 run's row (checked again in the same statement), after which nothing can claim, redrive or
@@ -51,6 +54,7 @@ class PruneReport:
     events: int = 0  # deleted (not counted by a dry run)
     resumed: list[int] = field(default_factory=list)  # left part-way by an earlier prune
     kept: list[int] = field(default_factory=list)  # changed since listed: not pruned
+    closing: list[int] = field(default_factory=list)  # kept: their closing hook has not run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,12 +91,24 @@ def _drain(store: Store, run_id: int, batch: int, report: PruneReport) -> None:
 
 
 def _hooks_pending(store: Store, jobs: Mapping[str, Job]) -> set[int]:
-    """Complete runs whose closing hook has not run yet: not finished for retention."""
+    """Complete runs whose closing hook, as the loaded app declares it, has not run yet."""
     waiting: set[int] = set()
     for job in jobs.values():
         if job.closing is not None:
             waiting.update(store.runs_to_close([job.name], CLOSE_STAGE))
     return waiting
+
+
+def _unclosed(store: Store, page: list[RunRow], declared: set[int]) -> set[int]:
+    """Runs of ``page`` not finished for retention: their closing hook has not run yet, as
+    the ledger records it (app or no app) or as the loaded app declares it."""
+    return declared.intersection(r.id for r in page) | set(
+        store.runs_unclosed([r.id for r in page]))
+
+
+def _kept(store: Store, run_id: int, report: PruneReport) -> None:
+    """The delete refused a run: its closing hook came due meanwhile, or it changed."""
+    (report.closing if store.runs_unclosed([run_id]) else report.kept).append(run_id)
 
 
 def prune(store: Store, jobs: Mapping[str, Job], older_than: float, *, job: str | None = None,
@@ -108,8 +124,10 @@ def prune(store: Store, jobs: Mapping[str, Job], older_than: float, *, job: str 
     after = 0
     while page := store.runs_prunable(older_than, job, after, PAGE):
         after = page[-1].id
+        unclosed = _unclosed(store, page, hooks)
         for run in page:
-            if run.id in hooks:
+            if run.id in unclosed:
+                report.closing.append(run.id)
                 continue
             counts = store.run_counts(run.id)
             if any(n for states in counts.values() for state, n in states.items()
@@ -123,7 +141,7 @@ def prune(store: Store, jobs: Mapping[str, Job], older_than: float, *, job: str 
             if export is not None:
                 export_run(store, run, export)
             if not store.run_prune(run.id, older_than, with_events=not counts):
-                report.kept.append(run.id)
+                _kept(store, run.id, report)
                 continue
             report.runs.append(run.id)
             _drain(store, run.id, batch, report)

@@ -92,7 +92,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
         params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate}
+                  "tolerate": new.tolerate, "closing": new.closing}
         with self._tx() as conn:
             inserted = conn.execute(self.Q["run_insert"], params).fetchone()
             row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
@@ -112,7 +112,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
         connection: a large payload's items are written after the commit, by whoever takes
         the run (``run_take_deferred``), so they never hold the caller's transaction open."""
         params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate}
+                  "tolerate": new.tolerate, "closing": new.closing}
         with self._foreign_tx(conn) as theirs:
             inserted = theirs.execute(self.Q["run_insert_deferred"], params).fetchone()
             row = self._first(theirs.execute(self.Q["run_by_key_in"], params).fetchall())

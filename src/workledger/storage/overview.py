@@ -8,6 +8,7 @@ inherits these; they are here to keep ``base.py`` about moving items.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import itemgetter
 
 from workledger.storage import common
@@ -126,3 +127,11 @@ class Overview(Dialect[C]):
 
     def runs_orphaned(self) -> list[int]:
         return [int(r[0]) for r in self._read_tuples(self.Q["runs_orphaned"], {})]
+
+    def runs_unclosed(self, run_ids: Sequence[int]) -> list[int]:
+        """Of ``run_ids``, those submitted with a closing hook that has not run yet: whoever
+        prunes, with the app or without it, keeps them (``run_prune`` refuses them too)."""
+        if not run_ids:
+            return []
+        rows = self._read_tuples(self.Q["runs_unclosed"], {"run_ids": self._list(run_ids)})
+        return [int(r[0]) for r in rows]

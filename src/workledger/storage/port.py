@@ -22,6 +22,7 @@ class NewRun:
     idempotency_key: str
     payload: str  # canonical JSON text
     tolerate: float | None = None  # failed units allowed: a count (>= 1) or a fraction (< 1)
+    closing: bool | None = None  # its job declared a closing hook (migration 0012): prune waits
 
 
 @dataclass(frozen=True)
@@ -460,4 +461,5 @@ class Store(Protocol):
     def events_prune(self, run_id: int, limit: int) -> int: ...
     def counts_prune(self, run_id: int) -> None: ...
     def runs_orphaned(self) -> list[int]: ...
+    def runs_unclosed(self, run_ids: Sequence[int]) -> list[int]: ...
 

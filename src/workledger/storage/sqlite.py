@@ -1,6 +1,8 @@
 """SQLite adapter: the embedded default. One writer at a time under ``BEGIN IMMEDIATE``.
 
-WAL mode with ``synchronous=FULL`` so no acknowledged commit is lost on power failure.
+WAL mode with ``synchronous=FULL`` so no acknowledged commit is lost on power failure. The
+write-ahead log is kept under ``WAL_LIMIT`` whenever no reader holds an old snapshot: see
+``SqliteStore._trim_wal``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -26,6 +29,12 @@ from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
 MIN_VERSION = (3, 35, 0)
+# The write-ahead log's bound in bytes once no reader holds an old snapshot: its
+# journal_size_limit, and the size past which a commit or an idle worker truncates it. SQLite's
+# own checkpoints (every 1,000 pages, about 4 MiB) keep it below this while nothing holds them
+# up; a reader's long transaction does, and the log then grows with every write meanwhile.
+WAL_LIMIT = 8 * 1024 * 1024
+WAL_LOOK_EVERY = 1.0  # seconds between two looks at the log's size by one connection
 
 log = logging.getLogger("workledger.storage")
 
@@ -124,6 +133,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+            self._conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot open SQLite database {path}: "
                                       f"{_read_only(path) or exc}") from exc
@@ -133,6 +143,9 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         self._lead_scope = ""
         self._work = _wake_event(path)
         self._wake_on_commit = False
+        self._busy_ms = int(timeout * 1000)
+        self._wal = None if path == ":memory:" else path + "-wal"
+        self._wal_look_at = 0.0
 
     # -- connection and transactions -------------------------------------------------------
 
@@ -156,6 +169,33 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             if self._wake_on_commit:
                 self._wake_on_commit = False
                 self._work.set()
+        self._trim_wal()
+
+    def _trim_wal(self) -> None:
+        """Truncate the write-ahead log if it grew past ``WAL_LIMIT``: after a commit, and
+        while a worker waits for work, at most once a second. A reader's long transaction
+        makes it grow (SQLite cannot reuse frames a snapshot may still read), and it would keep
+        that size for as long as any connection stays open. The checkpoint never waits (busy
+        timeout 0): while such a reader still holds its snapshot it copies what it can and
+        the next look tries again."""
+        now = time.monotonic()
+        if self._wal is None or now < self._wal_look_at:
+            return
+        self._wal_look_at = now + WAL_LOOK_EVERY
+        try:
+            if os.stat(self._wal).st_size <= WAL_LIMIT:
+                return
+        except OSError:
+            return  # no log (yet, or any more)
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA busy_timeout=0")
+                try:
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                finally:
+                    self._conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            except sqlite3.Error:
+                pass  # another checkpoint or a writer holds it: the next look tries again
 
     def _rollback(self) -> None:
         try:
@@ -168,6 +208,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         self._wake_on_commit = True  # set once it commits: a read before would not see it
 
     def wait_for_work(self, timeout: float) -> bool:
+        self._trim_wal()  # an idle worker writes nothing: the log a long reader left shrinks
         woke = self._work.wait(timeout)
         if woke:
             self._work.clear()

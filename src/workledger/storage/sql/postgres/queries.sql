@@ -6,8 +6,8 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -217,9 +217,11 @@ WHERE c.stage = %(stage)s AND c.state = 'claimed'
 -- name: events_add_now
 -- events_add at the statement's own time, not the transaction's start: a limited claim's
 -- 'claimed' events say when its bucket was spent, after the wait for its lock.
+-- Only while the run exists, as events_add.
 INSERT INTO wl_events (at, run_id, item_id, kind, lease_token, actor, detail)
-VALUES (clock_timestamp(), %(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s,
-        %(detail)s::jsonb);
+SELECT clock_timestamp(), %(run_id)s::bigint, %(item_id)s::bigint, %(kind)s::text,
+       %(lease_token)s::bigint, %(actor)s::text, %(detail)s::jsonb
+FROM wl_runs WHERE id = %(run_id)s::bigint FOR KEY SHARE;
 
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
@@ -354,8 +356,16 @@ FROM (
 ) AS open_items;
 
 -- name: events_add
+-- Only while the run exists: a write that arrives after its run was pruned (a stale finish,
+-- an ack, a sweeper's note) would leave an event nothing ever removes. KEY SHARE holds the
+-- run row until this transaction commits, so a prune's delete of it waits and then deletes
+-- this event with the others, and an insert after the delete finds no row and writes nothing.
+-- It conflicts only with a delete and with reconcile's FOR UPDATE, which locks no item and
+-- takes the counter rows after the run row, as every writer does (lock order, design.md).
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (%(run_id)s, %(item_id)s, %(kind)s, %(lease_token)s, %(actor)s, %(detail)s::jsonb);
+SELECT %(run_id)s::bigint, %(item_id)s::bigint, %(kind)s::text, %(lease_token)s::bigint,
+       %(actor)s::text, %(detail)s::jsonb
+FROM wl_runs WHERE id = %(run_id)s::bigint FOR KEY SHARE;
 
 -- name: events_list
 SELECT * FROM wl_events
@@ -443,8 +453,9 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, now())
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean,
+        now())
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -632,7 +643,19 @@ WHERE id = %(run_id)s AND completed_at IS NOT NULL
   AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)
   AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
                   AND state IN ('pending', 'claimed', 'unknown'))
+  AND NOT (closing IS TRUE AND cancelled_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = %(run_id)s
+                           AND stage = '@close' AND state IN ('processed', 'failed', 'skipped')))
 RETURNING id;
+
+-- name: runs_unclosed
+-- Of these runs, those recorded with a closing hook (migration 0012) that has not run yet:
+-- not cancelled, and no terminal (or unknown) @close entry. prune keeps them, and says why.
+SELECT r.id FROM wl_runs AS r
+WHERE r.id = ANY (%(run_ids)s::bigint[]) AND r.closing IS TRUE AND r.cancelled_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = '@close'
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
 
 -- name: items_prune
 -- One bounded batch of a pruned run's items (its run row is gone: nothing else moves them).

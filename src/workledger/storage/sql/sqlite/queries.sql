@@ -4,8 +4,8 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate)
-VALUES (:job, :key, :payload, :tolerate)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
+VALUES (:job, :key, :payload, :tolerate, :closing)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -206,7 +206,8 @@ WHERE c.stage = :stage AND c.state = 'claimed'
 -- name: events_add_now
 -- events_add, the same as it on SQLite (one writer: the statement's time is the claim's).
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+SELECT :run_id, :item_id, :kind, :lease_token, :actor, :detail
+WHERE EXISTS (SELECT 1 FROM wl_runs WHERE id = :run_id);
 
 -- name: items_mark_started
 -- Just before a handler runs, where its start must be known (a stage that is not
@@ -323,8 +324,12 @@ FROM wl_items, (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now
 WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('pending', 'claimed');
 
 -- name: events_add
+-- Only while the run exists: a write that arrives after its run was pruned (a stale finish,
+-- an ack, a sweeper's note) would leave an event nothing ever removes. One writer: the check
+-- and the insert see the same ledger.
 INSERT INTO wl_events (run_id, item_id, kind, lease_token, actor, detail)
-VALUES (:run_id, :item_id, :kind, :lease_token, :actor, :detail);
+SELECT :run_id, :item_id, :kind, :lease_token, :actor, :detail
+WHERE EXISTS (SELECT 1 FROM wl_runs WHERE id = :run_id);
 
 -- name: events_list
 SELECT * FROM wl_events
@@ -410,8 +415,8 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, deferred_at)
-VALUES (:job, :key, :payload, :tolerate, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -592,7 +597,20 @@ WHERE id = :run_id AND completed_at IS NOT NULL
   AND completed_at < strftime('%Y-%m-%d %H:%M:%f', 'now', :cutoff)
   AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id
                   AND state IN ('pending', 'claimed', 'unknown'))
+  AND NOT (coalesce(closing, 0) = 1 AND cancelled_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM wl_items WHERE run_id = :run_id AND stage = '@close'
+                           AND state IN ('processed', 'failed', 'skipped')))
 RETURNING id;
+
+-- name: runs_unclosed
+-- Of these runs, those recorded with a closing hook (migration 0012) that has not run yet:
+-- not cancelled, and no terminal (or unknown) @close entry. prune keeps them, and says why.
+SELECT r.id FROM wl_runs AS r
+WHERE r.id IN (SELECT value FROM json_each(:run_ids)) AND r.closing = 1
+  AND r.cancelled_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM wl_items AS i WHERE i.run_id = r.id AND i.stage = '@close'
+                  AND i.state IN ('processed', 'failed', 'skipped', 'unknown'))
+ORDER BY r.id;
 
 -- name: items_prune
 -- One bounded batch of a pruned run's items (its run row is gone: nothing else moves them).
