@@ -170,3 +170,25 @@ def test_an_outcome_that_cannot_be_learned_is_not_tried_again(
         store.close()
     failures = [e for e in direct.events_list(run.id) if e.kind == DECOMPOSITION_FAILED]
     assert len(failures) == 1  # it had committed; nobody wrote it twice
+
+
+def test_a_retried_claim_returns_the_chunk_it_took(
+        direct: Store, through: Store, cutter: CommitCutter) -> None:
+    """Not one of the four reported, the same fault: tried again, the claim would take the
+    next items and strand the first chunk until its lease expired."""
+    run = decomposed(direct, 4)
+    cutter.arm("after")
+    held = through.items_claim(ClaimParams(run_id=run.id, limit=2, lease_seconds=60.0))
+    assert cutter.cuts == 1
+    claimed = [i for i in direct.items_list(ItemsQuery(run.id)) if i.state == "claimed"]
+    assert sorted(c.id for c in held) == [i.id for i in claimed]
+    assert {i.lease_token for i in claimed} == {held[0].lease_token}
+
+
+def test_a_retried_submit_says_it_created_the_run(
+        direct: Store, through: Store, cutter: CommitCutter) -> None:
+    cutter.arm("after")
+    run, created = through.run_submit(NewRun(JOB, "k1", json.dumps({"n": 1})))
+    assert cutter.cuts == 1
+    assert created  # not "already there": it was this very call
+    assert [r.id for r in direct.runs_list()] == [run.id]
