@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 from urllib.parse import urlsplit
@@ -192,3 +193,20 @@ def test_a_retried_submit_says_it_created_the_run(
     assert cutter.cuts == 1
     assert created  # not "already there": it was this very call
     assert [r.id for r in direct.runs_list()] == [run.id]
+
+
+def test_an_outcome_learned_after_the_server_is_back_stands(
+        direct: Store, through: Store, cutter: CommitCutter) -> None:
+    """The server cannot be reached for a while after the lost answer (new connections
+    refused), then it can: the store keeps asking and the committed call returns."""
+    run, _ = direct.run_submit(NewRun(JOB, "k1", json.dumps({"n": 1})))
+    cutter.arm("after", then_refuse=True)
+    healed = threading.Timer(1.5, lambda: setattr(cutter, "refusing", False))
+    healed.start()
+    try:
+        through.run_record_error(run.id, "boom", "decomposer")
+    finally:
+        healed.cancel()
+    assert cutter.cuts == 1 and not cutter.refusing  # it was asked only once the way was back
+    failures = [e for e in direct.events_list(run.id) if e.kind == DECOMPOSITION_FAILED]
+    assert len(failures) == 1

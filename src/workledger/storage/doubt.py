@@ -93,9 +93,7 @@ def learn(connect: Callable[[], psycopg.Connection[Any]], pending: Pending, wait
         try:
             with connect() as conn:
                 return _ask(conn, pending, deadline, clock, sleep)
-        except psycopg.Error as exc:
-            if exc.sqlstate is not None and not _gone(exc):
-                raise
+        except psycopg.Error as exc:  # unreachable, refusing, out of connections: ask again
             if clock() >= deadline:
                 raise CommitInDoubt(
                     f"the connection broke during a COMMIT and the server could not be asked "
