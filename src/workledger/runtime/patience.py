@@ -9,10 +9,12 @@ out; a :class:`~workledger.errors.Contention` (a statement or lock timeout, a de
 again up to ``CONTENTION_TRIES`` times; any other error is the caller's.
 
 Every port method is one transaction, so trying one again is safe: a transaction that failed
-before its commit left nothing behind, and one whose commit was sent but not acknowledged is
-found out by the fencing every write carries (a finish written twice is stale the second time;
-a claim taken twice strands its first chunk until that lease expires, and the sweeper settles
-it like any other expired lease).
+before its commit left nothing behind, and one whose COMMIT was sent but whose answer was lost
+is asked about by the store before the call fails (``storage/doubt.py``): had it committed, the
+call returns its result and is not tried at all. What cannot be learned within ``retry_for``
+seconds is :class:`~workledger.storage.doubt.CommitInDoubt`, never tried again (it may have done
+its work); what cannot be trusted (a failover) is tried again, and the fencing every write
+carries finds it out (a finish written twice is stale the second time).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from workledger.errors import Contention, DatabaseUnavailable
+from workledger.storage.doubt import CommitInDoubt
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.db")
@@ -71,8 +74,8 @@ class Patience:
         while True:
             try:
                 result = fn(*args, **kwargs)
-            except OutageTooLong:
-                raise
+            except (OutageTooLong, CommitInDoubt):
+                raise  # waited long enough; or trying again could do its work twice
             except Contention as exc:  # rolled back whole: safe to try again, a few times
                 contended += 1
                 if contended >= CONTENTION_TRIES:
@@ -120,6 +123,8 @@ class PatientStore:
         self._store = store
         self._patience = patience
         self.dialect = store.dialect
+        if hasattr(store, "doubt_for"):  # a lost COMMIT's outcome is waited for as long
+            store.doubt_for = patience.retry_for
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)

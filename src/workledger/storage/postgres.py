@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workledger.core.text import read_json
 from workledger.errors import Contention, DatabaseUnavailable, StorageError, UsageError
-from workledger.storage import common
+from workledger.storage import common, doubt
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.holders import new_holder_id
@@ -99,6 +99,9 @@ class PostgresStore(LedgerStore[Conn]):
     Q = queries("postgres")
     finish_shapes = 1  # one shape per UPDATE over a sorted id array: rows lock in id order
     json_as_text = False
+    # seconds to keep asking whether a COMMIT whose answer was lost happened (a retry layer
+    # sets its own outage bound here: runtime/patience.py)
+    doubt_for = doubt.DOUBT_FOR
 
     def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:
         self.url = url
@@ -142,23 +145,60 @@ class PostgresStore(LedgerStore[Conn]):
     @contextmanager
     def _tx(self) -> Iterator[Conn]:
         """One transaction on a pooled connection (checked before use, replaced when lost):
-        committed when the block ends, rolled back when it raises."""
+        committed when the block ends, rolled back when it raises. A connection lost during
+        the COMMIT is no failure if the transaction committed (``storage/doubt.py``): the
+        block's result stands, and the caller's retry layer does not do the work again."""
+        with self._transaction(asks=True) as conn:
+            yield conn
+
+    @contextmanager
+    def _reader(self) -> Iterator[Conn]:
+        """A read is a transaction of its own too; one that wrote nothing needs no answer."""
+        with self._transaction(asks=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, asks: bool) -> Iterator[Conn]:
         if self._closed:
             raise StorageError("PostgreSQL: this store is closed")
+        pending: doubt.Pending | None = None
+        lost: psycopg.Error | None = None
         try:
             with self._pool.connection() as conn:
                 try:
                     yield conn
-                    conn.commit()
+                    pending = doubt.before_commit(conn) if asks else None
                 except BaseException:
                     _rollback(conn)
                     raise
+                lost = self._commit(conn, pending)
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
                 f"no connection to PostgreSQL at {self._where()} within {POOL_WAIT:g} s "
                 "(the server is down, restarting or out of connections)") from exc
         except psycopg.Error as exc:
             raise self._wrap(exc) from exc
+        if lost is not None and pending is not None:  # the pooled connection is discarded
+            self._settle(pending, lost)
+
+    def _commit(self, conn: Conn, pending: doubt.Pending | None) -> psycopg.Error | None:
+        """COMMIT; the error when the connection broke during it after a transaction that
+        wrote (its outcome is to be learned), raised when it is any other failure."""
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            if pending is None or not isinstance(self._wrap(exc), DatabaseUnavailable):
+                raise
+            return exc
+        return None
+
+    def _settle(self, pending: doubt.Pending, lost: psycopg.Error) -> None:
+        """Return if the transaction whose COMMIT lost its answer committed; raise the lost
+        connection (to be tried again) if it did not, or if that cannot be trusted."""
+        committed = doubt.learn(lambda: psycopg.connect(self._conninfo, autocommit=True),
+                                pending, self.doubt_for)
+        if not committed:
+            raise self._wrap(lost) from lost
 
     def _wrap(self, exc: psycopg.Error) -> Exception:
         """A lost connection or a server going away is an outage, which long-lived processes
@@ -174,8 +214,6 @@ class PostgresStore(LedgerStore[Conn]):
                       | psycopg.errors.DeadlockDetected):
             return Contention(f"PostgreSQL: {_reason(exc)}")
         return StorageError(f"PostgreSQL: {_reason(exc)}")
-
-    _reader = _tx  # a read is a transaction of its own too
 
     def _tuples(self, conn: Conn, sql: str, params: dict[str, Any]) -> list[Any]:
         with conn.cursor(row_factory=tuple_row) as cur:
