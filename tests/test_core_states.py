@@ -1,4 +1,4 @@
-"""Item states and the table of moves (docs/design.md "Transitions"): one-way terminals,
+"""Item states and the table of moves (docs/design.md "The transition table"): one-way terminals,
 who moves what, refusals. ``tests/test_transitions_sql.py`` checks the SQL against the table."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
 
 S = ItemState
 
-# Written out from docs/design.md "Transitions", independently of the module's own table.
+# Written out from docs/design.md "The transition table", independently of the module's own table.
 DOCUMENTED: set[tuple[ItemState | None, ItemState]] = {
     (None, S.PENDING), (None, S.SKIPPED),
     (S.PENDING, S.CLAIMED), (S.PENDING, S.SKIPPED),

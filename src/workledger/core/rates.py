@@ -2,12 +2,12 @@
 parsing of a rate and the token bucket's arithmetic, as plain functions.
 
 The bucket itself is a row of ``wl_stage_limits`` taken under its row lock in the claim
-transaction (docs/design.md, "Rate limits and caps"); these functions decide, from what that
-row holds and the database clock, how many items a claim may take. A bucket holds at most
-``burst`` tokens and gains ``rate`` tokens a second; one claimed item spends one token. So in
-any window of ``T`` seconds at most ``burst + rate * T`` items are claimed, and in any window of
-one unit of the rate (a second for ``"50/s"``) at most ``N + burst - 1``: with a burst of 1,
-never more than ``N``.
+transaction (docs/design.md, "How a worker runs": rate limits and caps); these functions
+decide, from what that row holds and the database clock, how many items a claim may take. A
+bucket holds at most ``burst`` tokens and gains ``rate`` tokens a second; one claimed item
+spends one token. So in any window of ``T`` seconds at most ``burst + rate * T`` items are
+claimed, and in any window of one unit of the rate (a second for ``"50/s"``) at most
+``N + burst - 1``: with a burst of 1, never more than ``N``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Item states and the one table of moves between them (docs/design.md "Transitions").
+"""Item states and the one table of moves between them (docs/design.md "The transition table").
 
 :data:`MOVES` is the authority: every change of ``wl_items.state`` that any SQL statement or
 runtime path makes is a row of it, with the actor that makes it and the query that writes it.
