@@ -16,7 +16,8 @@ import math
 import re
 from dataclasses import dataclass
 
-UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+from workledger.core.durations import UNIT_SECONDS
+
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
 
 
@@ -40,7 +41,7 @@ def parse_rate(text: object) -> Rate:
     if found is None or float(found.group(1)) <= 0:
         raise ValueError(f"rate_limit must look like '50/s', '600/m' or '1000/h' (a positive "
                          f"number per second, minute or hour), not {text!r}")
-    return Rate(float(found.group(1)), UNITS[found.group(2)], found.group(0).strip())
+    return Rate(float(found.group(1)), UNIT_SECONDS[found.group(2)], found.group(0).strip())
 
 
 def tokens_now(tokens: float, elapsed: float, rate: float | None, burst: float) -> float:
