@@ -3,13 +3,16 @@
 #   make test   install the test extras and run the whole suite, then ruff and mypy
 #               (two pytest workers; `make test PYTEST_ARGS=` runs it in one process)
 #   make docs   regenerate docs/cli.md from the click commands (tests/test_docs.py checks it)
+#   make schema regenerate storage/sql/<dialect>/schema.sql from a freshly migrated SQLite file
+#               and PostgreSQL database (tests/test_schema_file.py checks it); run it after
+#               adding a migration
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test docs
+.PHONY: demo test docs schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +30,7 @@ test: $(BIN)/python
 docs: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	$(BIN)/python -c 'from workledger.cli import reference; print(reference(), end="")' > docs/cli.md
+
+schema: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python tests/schema_files.py

@@ -99,7 +99,7 @@ def database(backend: str, args: argparse.Namespace) -> Iterator[str]:
 def settle(url: str) -> None:
     """VACUUM ANALYZE, as autovacuum does within a minute or so of a bulk load. Without it the
     planner still believes the tables empty and walks the run for some reads (see
-    benchmarks/README.md, "HTTP load")."""
+    benchmarks/README.md, "HTTP load (http_load.py)")."""
     import psycopg
 
     started = time.monotonic()

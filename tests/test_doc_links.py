@@ -8,7 +8,10 @@ For README.md, CHANGELOG.md, benchmarks/README.md, chaos/README.md and every doc
   ``src/workledger/api.py``, ``CHANGELOG.md``) exists, except the few names the documents use
   as examples of the reader's own files or of files a command creates (``EXAMPLES``).
 
-Comments and docstrings under src/ and tests/ may only name documents that exist as well.
+Comments and docstrings under src/ and tests/ may only name documents that exist as well, and
+the code under src/, tests/, chaos/, benchmarks/ and examples/ may only cite sections that
+exist: ``docs/design.md "Layers"``, ``(docs/design.md, "Input limits")`` and
+``design.md#layers`` each name a heading of that document.
 """
 
 from __future__ import annotations
@@ -166,3 +169,45 @@ def test_slugs_follow_github() -> None:
     assert slug("Lock order on PostgreSQL: items, run, counts") == (
         "lock-order-on-postgresql-items-run-counts")
     assert slug("See [the glossary](glossary.md)") == "see-the-glossary"
+
+
+CODE = [ROOT / "src", ROOT / "tests", ROOT / "chaos", ROOT / "benchmarks", ROOT / "examples"]
+# A section cited by its title: `docs/design.md "Layers"`, `(docs/design.md, "Input limits")`.
+SECTION = re.compile(r'(?<![\w.-])((?:[\w-]+/)*[\w-]+\.md),?\s+"([^"\n]+)"')
+# A section cited by its anchor, as a Markdown link would: `docs/design.md#layers`.
+ANCHOR = re.compile(r"(?<![\w.-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
+# A comment or docstring that goes on on the next line: the citation may span the two.
+CONTINUED = re.compile(r"[ \t]*\n[ \t]*(?:#+|--)?[ \t]*")
+
+
+def cited_document(name: str) -> Path | None:
+    """The document a citation names: a path from the root (docs/design.md,
+    benchmarks/README.md), or a bare name of docs/ (design.md)."""
+    for base in (ROOT, ROOT / "docs"):
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def section_problems(source: Path) -> list[str]:
+    text = CONTINUED.sub(" ", source.read_text())
+    problems = []
+    cited = [(doc, slug(title), f'"{title}"') for doc, title in SECTION.findall(text)]
+    cited += [(doc, anchor, f"#{anchor}") for doc, anchor in ANCHOR.findall(text)]
+    for name, anchor, shown in cited:
+        doc = cited_document(name)
+        if doc is not None and anchor not in anchors(doc):
+            problems.append(f"{source.relative_to(ROOT)}: {name} {shown}: no such section")
+    return problems
+
+
+def test_sections_cited_in_code_exist() -> None:
+    sources = sorted(p for folder in CODE for ext in ("*.py", "*.sql") for p in folder.rglob(ext)
+                     if ".egg-info" not in str(p) and p != Path(__file__).resolve())
+    problems = [problem for source in sources for problem in section_problems(source)]
+    assert not problems, "sections that do not exist:\n" + "\n".join(problems)
+
+
+def test_a_citation_may_span_two_comment_lines() -> None:
+    wrapped = CONTINUED.sub(" ", '-- runs recorded (docs/design.md,\n-- "Async callers").')
+    assert SECTION.findall(wrapped) == [("docs/design.md", "Async callers")]

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from workledger.core.states import MOVES, PAIRS, ItemState
+from workledger.core.states import MOVES, ItemState
 from workledger.storage.queries import queries
 
 pytestmark = pytest.mark.unit
@@ -108,7 +108,7 @@ def test_literal_states_in_the_sql_agree_with_the_moves_line(dialect: str) -> No
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_every_pair_the_sql_can_make_is_a_row_of_the_table(dialect: str) -> None:
-    table = {(None if s is None else s.value, t.value) for s, t in PAIRS}
+    table = {(None if m.source is None else m.source.value, m.target.value) for m in MOVES}
     for name, sql in state_writers(dialect).items():
         missing = annotated(sql) - table
         assert not missing, f"{dialect} {name} makes {missing}, which core/states.py lacks"

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
-from workledger.core import limits
+from workledger.core import durations, limits
+from workledger.core.durations import seconds_of
 from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import mask_secrets, url_secrets, visible
 from workledger.errors import (
@@ -39,7 +40,7 @@ from workledger.runtime.patience import Patience, patient
 from workledger.runtime.processes import find_app, import_app
 from workledger.runtime.reconcile import differences, reconcile
 from workledger.runtime.results import RunStatus, Submission
-from workledger.runtime.retention import PruneReport, parse_duration
+from workledger.runtime.retention import PruneReport
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker
@@ -630,9 +631,6 @@ def _forget_after_fork(ref: weakref.ReferenceType[Ledger]) -> None:
         ledger._lock = threading.Lock()
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def open_private(path: str | os.PathLike[str]) -> TextIO:
     """``path`` opened to append text, created readable and writable by its owner only
     (``0600``, whatever the umask): an export holds payloads and results."""
@@ -640,15 +638,24 @@ def open_private(path: str | os.PathLike[str]) -> TextIO:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def parse_duration(text: str) -> float:
+    """``"30d"`` -> seconds (``core/durations.py``): prune's ``--finished-before``, serve's
+    ``--prune-after``. :class:`~workledger.errors.BadInput` for anything else, in one line."""
+    try:
+        return durations.parse_duration(text)
+    except durations.BadDuration as exc:
+        raise BadInput(str(exc)) from None
+
+
 def since_time(text: str, now: datetime | None = None) -> str:
     """A cutoff as the ledger writes times (UTC, fixed width): ``30m``, ``24h``, ``7d``, ``2w``
     ago, or an ISO date or time (``2026-11-30``, ``2026-11-30T09:00:00+01:00``).
     :class:`~workledger.errors.BadInput` for anything else."""
     text = text.strip()
-    amount, unit = text[:-1], text[-1:].lower()
-    if unit in _UNITS and amount.isdigit():
+    age = seconds_of(text)
+    if age is not None:
         try:
-            when = (now or datetime.now(UTC)) - timedelta(seconds=int(amount) * _UNITS[unit])
+            when = (now or datetime.now(UTC)) - timedelta(seconds=age)
         except (OverflowError, ValueError):  # further back than any date: beyond year 1
             raise BadInput(f"--since {text!r}: an age beyond year 1; give a smaller one "
                            "(30m, 24h, 7d, 2w)") from None

@@ -2,12 +2,12 @@
 parsing of a rate and the token bucket's arithmetic, as plain functions.
 
 The bucket itself is a row of ``wl_stage_limits`` taken under its row lock in the claim
-transaction (docs/design.md, "Rate limits and caps"); these functions decide, from what that
-row holds and the database clock, how many items a claim may take. A bucket holds at most
-``burst`` tokens and gains ``rate`` tokens a second; one claimed item spends one token. So in
-any window of ``T`` seconds at most ``burst + rate * T`` items are claimed, and in any window of
-one unit of the rate (a second for ``"50/s"``) at most ``N + burst - 1``: with a burst of 1,
-never more than ``N``.
+transaction (docs/design.md, "How a worker runs": rate limits and caps); these functions
+decide, from what that row holds and the database clock, how many items a claim may take. A
+bucket holds at most ``burst`` tokens and gains ``rate`` tokens a second; one claimed item
+spends one token. So in any window of ``T`` seconds at most ``burst + rate * T`` items are
+claimed, and in any window of one unit of the rate (a second for ``"50/s"``) at most
+``N + burst - 1``: with a burst of 1, never more than ``N``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 import re
 from dataclasses import dataclass
 
-UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+from workledger.core.durations import UNIT_SECONDS
+
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
 
 
@@ -40,7 +41,7 @@ def parse_rate(text: object) -> Rate:
     if found is None or float(found.group(1)) <= 0:
         raise ValueError(f"rate_limit must look like '50/s', '600/m' or '1000/h' (a positive "
                          f"number per second, minute or hour), not {text!r}")
-    return Rate(float(found.group(1)), UNITS[found.group(2)], found.group(0).strip())
+    return Rate(float(found.group(1)), UNIT_SECONDS[found.group(2)], found.group(0).strip())
 
 
 def tokens_now(tokens: float, elapsed: float, rate: float | None, burst: float) -> float:

@@ -1,4 +1,4 @@
-"""Item states and the one table of moves between them (docs/design.md "Transitions").
+"""Item states and the one table of moves between them (docs/design.md "The transition table").
 
 :data:`MOVES` is the authority: every change of ``wl_items.state`` that any SQL statement or
 runtime path makes is a row of it, with the actor that makes it and the query that writes it.
@@ -108,11 +108,6 @@ MOVES: tuple[Move, ...] = tuple(
     + _rows("cancel_late", _P, _S, "items_cancel_pending", _WRK, _SWP, _OPR, _DEC)
 )
 
-PAIRS: frozenset[tuple[ItemState | None, ItemState]] = frozenset(
-    (m.source, m.target) for m in MOVES
-)
-
-
 class IllegalTransition(ValueError):
     pass
 
@@ -131,21 +126,3 @@ def move(name: str, actor: Actor, target: ItemState | None = None) -> Move:
         raise IllegalTransition(f"{actor.value} cannot make the move {what}")
     return found[0]
 
-
-def allowed(source: ItemState | None, target: ItemState) -> bool:
-    return (source, target) in PAIRS
-
-
-def moves_out_of(state: ItemState) -> list[Move]:
-    return [m for m in MOVES if m.source is state]
-
-
-def moved_by(state: ItemState) -> str:
-    """Who moves an item out of ``state``, from the table ("nobody: terminal" if no one)."""
-    ways = sorted({f"{m.actor.value}: {m.name}" for m in moves_out_of(state)
-                   if m.target is not state})
-    return "; ".join(ways) or "nobody: terminal"
-
-
-def is_terminal(state: ItemState) -> bool:
-    return state in TERMINAL

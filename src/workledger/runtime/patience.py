@@ -138,10 +138,6 @@ class PatientStore:
         return patient
 
     @property
-    def unwrapped(self) -> Store:
-        return self._store
-
-    @property
     def patience(self) -> Patience:
         return self._patience
 

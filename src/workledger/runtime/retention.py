@@ -20,30 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from workledger.core.status import CLOSE_STAGE
-from workledger.errors import BadInput
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsQuery, RunRow, Store
 
 BATCH = 5000
 OPEN = ("pending", "claimed", "unknown")
 PAGE = 100
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``"30d"`` -> seconds. Units: s, m, h, d, w."""
-    match = _DURATION.match(text or "")
-    if match is None:
-        raise BadInput(f"bad duration {text!r}: expected a number and a unit, like 30d, 12h, "
-                       "90m or 45s")
-    return float(match.group(1)) * _UNIT[match.group(2)]
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The claim of a job with limited stages (``@job.stage(rate_limit=..., max_in_flight=...)``),
 written once over the dialect hooks: stage by stage, each limited stage no further than its
-token bucket and cap allow (docs/design.md, "Rate limits and caps"). ``LedgerStore.items_claim``
-takes this path when ``ClaimParams.stages`` is given; it is here to keep ``base.py`` about
-moving items.
+token bucket and cap allow (docs/design.md, "How a worker runs": rate limits and caps).
+``LedgerStore.items_claim`` takes this path when ``ClaimParams.stages`` is given; it is here to
+keep ``base.py`` about moving items.
 """
 
 from __future__ import annotations
