@@ -43,7 +43,7 @@ from workledger.runtime.retention import PruneReport, parse_duration
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker
-from workledger.storage import DEFAULT_URL, open_store
+from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
     EventRow,
@@ -64,7 +64,8 @@ __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TA
            "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
            "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
            "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
-           "open_private", "parse_duration", "since_time", "url_secrets", "visible"]
+           "open_private", "parse_duration", "same_database", "since_time", "url_secrets",
+           "visible"]
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 # Every state core/status.py:derive can give a run.
@@ -97,6 +98,9 @@ class Ledger:
     def __init__(self, url: str | None = None, *, seed: int | None = None,
                  create: bool = True, dispatch: Broker | None = None) -> None:
         self.url = url or os.environ.get("WORKLEDGER_DB") or DEFAULT_URL
+        # True: this ledger names its database itself (the CLI's --db may not name another);
+        # False: it took WORKLEDGER_DB or the default, and --db chooses
+        self.url_named = bool(url)
         # False: a database that holds no ledger is refused (NoLedger), not created
         self.create = create
         self.jobs: dict[str, Job] = {}
@@ -177,6 +181,7 @@ class Ledger:
         """Point this ledger at another database (the CLI's ``--db``)."""
         self.close()
         self.url = url
+        self.url_named = True
 
     def init(self) -> list[int]:
         """Apply missing migrations; return the versions applied (empty when up to date)."""

@@ -58,8 +58,8 @@ def sweep(settings: Settings, grace: float, lease: float, as_json: bool) -> None
 def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, ...],
           note: str | None) -> None:
     """Redrive RUN's failed items back to pending with fresh attempts (audited). Refused in a
-    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2. Does not
-    load --app."""
+    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2. Runs no
+    code of --app."""
     n = settings.ledger().retry(run_id, stage=stage, seqs=list(seqs) or None, note=note)
     if n == 0 and not seqs:
         click.echo(f"run {run_id}: no failed items{f' in stage {stage}' if stage else ''}; "
@@ -85,7 +85,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
     several (--item repeated) or all of a stage (--all-unknown). Each item is moved by its own
     guarded transition and audited; an item that is not unknown is refused before anything
     changes. --as processed needs --app (the item is handed on to the stage that follows);
-    failed and pending do not load it."""
+    failed and pending run none of its code."""
     if bool(seqs) == all_unknown:
         raise UsageError("say which items: --item SEQ (repeatable) or --all-unknown")
     if all_unknown and not (note and note.strip()):
@@ -113,7 +113,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
 @click.pass_obj
 def pause(settings: Settings, run_id: int, note: str | None) -> None:
     """Stop claiming RUN's items; items in flight finish. A finished (complete or cancelled)
-    run is refused (exit 2). Does not load --app."""
+    run is refused (exit 2). Runs no code of --app."""
     done = settings.ledger().pause(run_id, note=note)
     click.echo(f"run {run_id}: {'paused' if done else 'already paused; nothing changed'}")
 
@@ -123,7 +123,7 @@ def pause(settings: Settings, run_id: int, note: str | None) -> None:
 @NOTE
 @click.pass_obj
 def resume(settings: Settings, run_id: int, note: str | None) -> None:
-    """Let workers claim RUN's items again. A finished run is refused (exit 2). Does not load
+    """Let workers claim RUN's items again. A finished run is refused (exit 2). Runs no code of
     --app."""
     done = settings.ledger().resume(run_id, note=note)
     click.echo(f"run {run_id}: {'resumed' if done else 'was not paused; nothing changed'}")
@@ -135,7 +135,7 @@ def resume(settings: Settings, run_id: int, note: str | None) -> None:
 @click.pass_obj
 def cancel(settings: Settings, run_id: int, note: str | None) -> None:
     """Cancel RUN: its pending items become skipped (reason: cancelled). A finished run is
-    refused (exit 2): cancelling it would relabel its history. Does not load --app."""
+    refused (exit 2): cancelling it would relabel its history. Runs no code of --app."""
     n = settings.ledger().cancel(run_id, note=note)
     if n < 0:
         click.echo(f"run {run_id}: already cancelled; nothing changed")
@@ -153,7 +153,7 @@ def cancel(settings: Settings, run_id: int, note: str | None) -> None:
 def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, note: str) -> None:
     """Acknowledge RUN's failed items (or one stage's, or one item's) after reviewing them: an
     event, not a state change. audit then lists them as reviewed and no longer exits 1 for
-    them; an item that fails again later alerts again. Does not load --app."""
+    them; an item that fails again later alerts again. Runs no code of --app."""
     n = settings.ledger().ack(run_id, stage=stage, seq=seq, note=note)
     click.echo(f"run {run_id}: acknowledged {n} failed item{'s' if n != 1 else ''}")
 
@@ -165,8 +165,8 @@ def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, not
 @JSON
 @click.pass_obj
 def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool) -> None:
-    """An item's story: its row (attempts, token, times, result, reason) and its events. Does
-    not load --app."""
+    """An item's story: its row (attempts, token, times, result, reason) and its events. Runs
+    no code of --app."""
     story = settings.ledger().history(run_id, stage, seq)
     if as_json:
         echo_json(history_dict(story))
@@ -206,7 +206,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
               as_json: bool) -> None:
     """Derive RUN's counters (total, processed, failed, skipped, completion) and its
     per-stage state counts (what status reads) from its items, print each difference from the
-    stored ones, and repair them unless --dry-run. Safe while workers run. Does not load
+    stored ones, and repair them unless --dry-run. Safe while workers run. Runs no code of
     --app."""
     if (run_id is None) == (not every):
         raise UsageError("give a RUN or --all (not both)")

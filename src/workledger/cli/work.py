@@ -32,7 +32,7 @@ from workledger.shapes import submission_dict
 @click.command()
 @click.pass_obj
 def init(settings: Settings) -> None:
-    """Create or upgrade the ledger schema (safe to repeat). Does not load --app."""
+    """Create or upgrade the ledger schema (safe to repeat). Runs no code of --app."""
     ledger = settings.ledger(create=True)
     applied = ledger.init()
     where = show(ledger.where)
