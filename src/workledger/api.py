@@ -231,6 +231,8 @@ class Ledger:
 
         A key that exists already returns that run (``created=False``) and its real state;
         the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
+        Run ids increase and are never given twice, but need not be consecutive (on PostgreSQL
+        a repeated, refused or rolled-back submission uses one up): keep the id returned.
 
         ``conn``: the caller's open connection to this ledger's database (a psycopg 3
         connection on PostgreSQL, a ``sqlite3.Connection`` to the same file on SQLite). The

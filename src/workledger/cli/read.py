@@ -114,7 +114,9 @@ def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> N
                              "skipped", "created", show_header=header),
         lambda st: [st.run_id, st.job, st.key, st.state, st.total, st.processed, st.failed,
                     st.skipped, st.created_at])
-    if not as_json and shown == limit:
+    if not as_json and shown == 0:
+        click.echo("no runs yet" if before is None else f"no runs before run {before}")
+    elif not as_json and shown == limit:
         more = ledger.count_runs(before=last.run_id)
         if more:
             click.echo(f"... {more:,} more (use --before {last.run_id} / --limit)")
