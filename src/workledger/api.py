@@ -27,7 +27,15 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.runtime import inputs, operations, overview, retention
-from workledger.runtime.audit import AuditFilter, AuditPage, Finding, audit, audit_page
+from workledger.runtime.audit import (
+    AuditFilter,
+    AuditPage,
+    Finding,
+    FindingGroup,
+    audit,
+    audit_page,
+    group_findings,
+)
 from workledger.runtime.decompose import decompose
 from workledger.runtime.delivery import Delivery
 from workledger.runtime.dispatch import Broker, Outbox, dispatching
@@ -61,11 +69,11 @@ from workledger.storage.port import (
 # and the core only through this module (the input limits, masking and showing text).
 __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS",
            "RUN_STATES",
-           "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
-           "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
-           "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
-           "open_private", "parse_duration", "same_database", "since_time", "url_secrets",
-           "visible"]
+           "Finding", "FindingGroup", "History", "ItemRow", "Ledger", "MetricsSnapshot",
+           "PruneReport", "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport",
+           "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
+           "mask_secrets", "masked_url", "open_private", "parse_duration", "same_database",
+           "since_time", "url_secrets", "visible"]
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 # Every state core/status.py:derive can give a run.

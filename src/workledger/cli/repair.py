@@ -11,7 +11,16 @@ from typing import Any
 import click
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, Ledger, limits, since_time, visible
+from workledger.api import (
+    RESOLVE_TARGETS,
+    Finding,
+    FindingGroup,
+    Ledger,
+    group_findings,
+    limits,
+    since_time,
+    visible,
+)
 from workledger.cli.output import ID, JsonList, Seconds, console, echo_json, one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
@@ -249,11 +258,15 @@ def _reconciled_line(entry: dict[str, Any]) -> str:
 @click.option("--job", metavar="NAME", help="Only findings in runs of this job.")
 @click.option("--since", metavar="AGE|TIME",
               help="Only findings since then: an age (30m, 24h, 7d) or an ISO date or time.")
+@click.option("--items", "each", is_flag=True,
+              help="One row per item, instead of one line per group of findings.")
 @JSON
 @click.pass_obj
 def audit(settings: Settings, run_id: int | None, job: str | None, since: str | None,
-          as_json: bool) -> None:
+          each: bool, as_json: bool) -> None:
     """List every stranded run and item with the path that will move it, and since when.
+    Findings of one kind, run, stage and path are one line that says how many items it
+    holds (the oldest one's since); --items lists them one by one, and --json always does.
     Exits 1 when something needs a person now. Failures a person reviewed (acknowledged with
     `ack`, or within the tolerance of a finished run) are listed apart and do not make it
     exit 1, so a cron alert on it clears once each failure has been looked at. Uses --app
@@ -266,23 +279,30 @@ def audit(settings: Settings, run_id: int | None, job: str | None, since: str | 
     elif not findings:
         click.echo("nothing stranded")
     else:
-        now = [f for f in findings if f.reviewed is None]
+        lines = [_one(f) for f in findings] if each else group_findings(findings)
+        now = [g for g in lines if g.reviewed is None]
         _findings_table("stranded, with who moves it" if now else "", now)
-        _findings_table("reviewed (not alerting)", [f for f in findings if f.reviewed])
+        _findings_table("reviewed (not alerting)", [g for g in lines if g.reviewed])
+        if len(lines) < len(findings):
+            click.echo(f"{len(findings):,} findings in {len(lines):,} "
+                       f"line{'s' if len(lines) != 1 else ''}; --items lists each")
     if any(f.needs_person for f in findings):
         raise click.exceptions.Exit(1)
 
 
-def _findings_table(title: str, findings: list[Any]) -> None:
-    if not findings:
+def _one(f: Finding) -> FindingGroup:
+    return FindingGroup(f.kind, f.run_id, f.stage, f.path, f.needs_person, f.reviewed, (f,))
+
+
+def _findings_table(title: str, groups: list[FindingGroup]) -> None:
+    if not groups:
         return
-    reviewed = any(f.reviewed for f in findings)
+    reviewed = any(g.reviewed for g in groups)
     table = Table("run", "what", "item", "since", "review" if reviewed else "who moves it",
                   "detail", title=title or None, title_justify="left")
-    for f in findings:
-        item = f"{f.stage}/{f.seq}" if f.stage is not None else ""
-        table.add_row(str(f.run_id), f.kind, show(item), f.since, show(f.reviewed or f.path),
-                      show(one_line(f.detail or "")))
+    for g in groups:
+        table.add_row(str(g.run_id), g.kind, show(g.items), g.since, show(g.reviewed or g.path),
+                      show(one_line(g.detail or "")))
     console(width=160).print(table)
 
 
