@@ -3,13 +3,15 @@
 #   make test   install the test extras and run the whole suite, then ruff and mypy
 #               (two pytest workers; `make test PYTEST_ARGS=` runs it in one process)
 #   make docs   regenerate docs/cli.md from the click commands (tests/test_docs.py checks it)
+#   make excerpts  run the commands of every console excerpt in README.md and docs/ and
+#               rewrite the excerpts (tests/excerpts.py; tests/test_doc_excerpts.py checks them)
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test docs
+.PHONY: demo test docs excerpts
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +29,7 @@ test: $(BIN)/python
 docs: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	$(BIN)/python -c 'from workledger.cli import reference; print(reference(), end="")' > docs/cli.md
+
+excerpts: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python tests/excerpts.py
