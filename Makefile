@@ -6,13 +6,15 @@
 #   make schema regenerate storage/sql/<dialect>/schema.sql from a freshly migrated SQLite file
 #               and PostgreSQL database (tests/test_schema_file.py checks it); run it after
 #               adding a migration
+#   make excerpts  run the commands of every console excerpt in README.md and docs/ and
+#               rewrite the excerpts (tests/excerpts.py; tests/test_doc_excerpts.py checks them)
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test docs schema
+.PHONY: demo test docs schema excerpts
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +36,7 @@ docs: $(BIN)/python
 schema: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	$(BIN)/python tests/schema_files.py
+
+excerpts: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python tests/excerpts.py

@@ -277,8 +277,8 @@ CASES: dict[str, Case] = {
                                 app="./hostile_app.py:ledger"),
     "app given as a file name": Case(on("submit", "echo"), 2, "e.g. hostile_app:ledger",
                                      app="hostile_app.py:ledger"),
-    "a reader does not load the app": Case(on("status", 1), 0, "state      failed",
-                                           app="no_such_module:ledger"),
+    "a reader needs the app it is given: it names the ledger": Case(
+        on("status", 1), 1, "cannot load app 'no_such_module:ledger'", app="no_such_module:ledger"),
     # 11.8 and 11.10: the payroll demo's output folder
     "demo out where nothing can be made": Case(on("demo", "payroll", "--out", "/proc/nonexist"),
                                                2, "cannot use --out"),
@@ -524,24 +524,26 @@ def test_listings_cut_short_say_how_many_more_and_stream_every_row(one: Backend)
         == [1]
 
 
-def test_readers_never_load_the_app_and_resolve_loads_it_only_for_processed(
+def test_readers_refuse_an_app_that_does_not_load_rather_than_guess_the_ledger(
     one: Backend,
 ) -> None:
+    """Issue 24: the app names the ledger, so a command given an app that does not load says
+    so (exit 1) for readers too, instead of reading some other ledger; without --app they read
+    the --db alone."""
     ok(one.cli("submit", "echo", "--key", "a", "--payload", payload({"items": [{"key": "x"}]})))
     ok(one.cli("worker", "--until-idle", "--job", "echo"))
+    before = row_counts(one.url)
     broken = "broken_app:ledger"  # raises when imported
     for args in [("status", "1"), ("runs",), ("items", "1"), ("reconcile", "--all"),
-                 ("history", "1", "--stage", "apply", "--item", "0"), ("retry", "1")]:
-        ok(one.cli(*args, app=broken))
-    for args in [("pause", "1"), ("resume", "1")]:  # refused for the finished run, app unread
+                 ("history", "1", "--stage", "apply", "--item", "0"), ("retry", "1"),
+                 ("pause", "1"), ("resume", "1"),
+                 ("resolve", "1", "--stage", "apply", "--item", "0", "--as", "pending"),
+                 ("resolve", "1", "--stage", "apply", "--item", "0", "--as", "processed")]:
         refused = one.cli(*args, app=broken)
-        assert refused.returncode == 2 and "a finished run is not" in refused.stderr
-    pending = one.cli("resolve", "1", "--stage", "apply", "--item", "0", "--as", "pending",
-                      app=broken)
-    assert pending.returncode == 2 and "is processed, not unknown" in pending.stderr
-    processed = one.cli("resolve", "1", "--stage", "apply", "--item", "0", "--as", "processed",
-                        app=broken)
-    assert processed.returncode == 1 and "cannot load app" in processed.stderr
+        assert refused.returncode == 1 and "cannot load app" in refused.stderr, args
+    assert row_counts(one.url) == before
+    for args in [("status", "1"), ("runs",), ("items", "1"), ("reconcile", "--all")]:
+        ok(one.cli(*args, app=None))
 
 
 def test_a_module_in_the_current_folder_cannot_stand_in_for_a_library(one: Backend) -> None:

@@ -8,7 +8,7 @@ items. See README.md and docs/.
 from workledger.api import Ledger, RunStatus, Submission
 from workledger.async_api import AsyncLedger
 from workledger.core.outcomes import Item, Permanent, Retry, Skip
-from workledger.errors import WorkledgerError
+from workledger.errors import PayloadMismatch, UnknownRun, WorkledgerError
 from workledger.runtime.execute import BatchContext, Context, ItemView
 
 __all__ = [
@@ -18,11 +18,13 @@ __all__ = [
     "Item",
     "ItemView",
     "Ledger",
+    "PayloadMismatch",
     "Permanent",
     "Retry",
     "RunStatus",
     "Skip",
     "Submission",
+    "UnknownRun",
     "WorkledgerError",
 ]
 __version__ = "0.1.0"

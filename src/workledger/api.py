@@ -28,7 +28,15 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.runtime import inputs, operations, overview, retention
-from workledger.runtime.audit import AuditFilter, AuditPage, Finding, audit, audit_page
+from workledger.runtime.audit import (
+    AuditFilter,
+    AuditPage,
+    Finding,
+    FindingGroup,
+    audit,
+    audit_page,
+    group_findings,
+)
 from workledger.runtime.decompose import decompose
 from workledger.runtime.delivery import Delivery
 from workledger.runtime.dispatch import Broker, Outbox, dispatching
@@ -44,7 +52,7 @@ from workledger.runtime.retention import PruneReport
 from workledger.runtime.status import status_of
 from workledger.runtime.sweeper import Sweeper, SweepReport
 from workledger.runtime.worker import Worker
-from workledger.storage import DEFAULT_URL, open_store
+from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
     EventRow,
@@ -62,10 +70,11 @@ from workledger.storage.port import (
 # and the core only through this module (the input limits, masking and showing text).
 __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS",
            "RUN_STATES",
-           "Finding", "History", "ItemRow", "Ledger", "MetricsSnapshot", "PruneReport",
-           "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport", "WorkReport",
-           "Worker", "differences", "import_app", "limits", "mask_secrets", "masked_url",
-           "open_private", "parse_duration", "since_time", "url_secrets", "visible"]
+           "Finding", "FindingGroup", "History", "ItemRow", "Ledger", "MetricsSnapshot",
+           "PruneReport", "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport",
+           "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
+           "mask_secrets", "masked_url", "open_private", "parse_duration", "same_database",
+           "since_time", "url_secrets", "visible"]
 
 ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
 # Every state core/status.py:derive can give a run.
@@ -98,6 +107,9 @@ class Ledger:
     def __init__(self, url: str | None = None, *, seed: int | None = None,
                  create: bool = True, dispatch: Broker | None = None) -> None:
         self.url = url or os.environ.get("WORKLEDGER_DB") or DEFAULT_URL
+        # True: this ledger names its database itself (the CLI's --db may not name another);
+        # False: it took WORKLEDGER_DB or the default, and --db chooses
+        self.url_named = bool(url)
         # False: a database that holds no ledger is refused (NoLedger), not created
         self.create = create
         self.jobs: dict[str, Job] = {}
@@ -178,6 +190,7 @@ class Ledger:
         """Point this ledger at another database (the CLI's ``--db``)."""
         self.close()
         self.url = url
+        self.url_named = True
 
     def init(self) -> list[int]:
         """Apply missing migrations; return the versions applied (empty when up to date)."""
@@ -227,6 +240,8 @@ class Ledger:
 
         A key that exists already returns that run (``created=False``) and its real state;
         the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
+        Run ids increase and are never given twice, but need not be consecutive (on PostgreSQL
+        a repeated, refused or rolled-back submission uses one up): keep the id returned.
 
         ``conn``: the caller's open connection to this ledger's database (a psycopg 3
         connection on PostgreSQL, a ``sqlite3.Connection`` to the same file on SQLite). The

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import click
+from click.core import ParameterSource
 
 from workledger.api import mask_secrets, url_secrets
 from workledger.cli import demo, read, repair, web, work
@@ -25,14 +26,18 @@ Exit codes:
   1  operational failure: database unreachable, app failed to load or raised
   2  bad usage or bad input: unknown job or run, payload not a JSON object,
      unknown URL scheme, same key with a different payload, an input over
-     its limit, no ledger at --db (only init, submit and worker create one)
+     its limit, no ledger at --db (only init, submit, worker and serve
+     create one), a --db naming another ledger than --app's
   3  worker: more handlers stuck past their time limit than
      --concurrency; restart it
 
 \b
---app is loaded only by the commands that run your code or need what a job
-declares: submit, worker, sweep and resolve --as processed (audit and prune
-use it when given). Every other command reads the ledger alone.
+With --app, the ledger is the one the app's Ledger names, for every command;
+a --db or WORKLEDGER_DB naming another is refused (exit 2). An app whose
+Ledger() names no URL takes --db's. The app's code runs only in the commands
+that run your code or need what a job declares: submit, worker, sweep, serve
+and resolve --as processed (audit and prune use it when given). Every other command
+imports the app only to learn the ledger's URL.
 """
 
 
@@ -40,7 +45,8 @@ use it when given). Every other command reads the ledger alone.
 @click.option("--db", envvar="WORKLEDGER_DB", metavar="URL",
               help="Ledger database: sqlite:///relative.db, sqlite:////abs.db (the path is "
                    "percent-decoded; a leading ~ is your home folder) or "
-                   "postgresql://user@host:5432/db. [env WORKLEDGER_DB; default "
+                   "postgresql://user@host:5432/db. With --app, the app's Ledger names it: "
+                   "--db may only name the same one. [env WORKLEDGER_DB; default "
                    "sqlite:///workledger.db]")
 @click.option("--app", envvar="WORKLEDGER_APP", metavar="MODULE:ATTR",
               help="The Ledger object holding your job definitions, e.g. myjobs:ledger (a "
@@ -54,7 +60,10 @@ def cli(ctx: click.Context, db: str | None, app: str | None) -> None:
     Every unit of a run is a durable ledger row before anything is dispatched; workers claim
     rows in chunks under leases; a run's state is derived from its items.
     """
-    settings = Settings(db or None, app or None)
+    source = ctx.get_parameter_source("db")
+    settings = Settings(db or None, app or None,
+                        "WORKLEDGER_DB" if source is ParameterSource.ENVIRONMENT else "--db",
+                        _secrets)
     ctx.obj = settings
     ctx.call_on_close(settings.close)
 

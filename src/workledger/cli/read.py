@@ -1,4 +1,5 @@
-"""Commands that read the ledger: status, runs, items. None loads --app or creates a ledger.
+"""Commands that read the ledger: status, runs, items. None runs code of --app (it only names
+the ledger) or creates a ledger.
 
 Listings stream: rows are read a page at a time (``limits.PAGE``) and printed as they come, so
 memory stays flat up to ``--limit``'s cap; a human-readable listing that stops before the end
@@ -39,7 +40,7 @@ from workledger.shapes import item_dict
 @click.option("--watch", is_flag=True, help="Show live progress bars until the run is complete.")
 @click.pass_obj
 def status(settings: Settings, run_id: int, as_json: bool, watch: bool) -> None:
-    """Show RUN's state, derived from its items: per-stage counts by state. Does not load
+    """Show RUN's state, derived from its items: per-stage counts by state. Runs no code of
     --app."""
     ledger = settings.ledger()
     st = ledger.status(run_id)
@@ -103,7 +104,7 @@ def print_listing(pages: Iterator[list[Any]], as_json: bool, as_dict: Callable[[
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of run statuses.")
 @click.pass_obj
 def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> None:
-    """List recent runs with their derived states, newest first. Does not load --app."""
+    """List recent runs with their derived states, newest first. Runs no code of --app."""
     ledger = settings.ledger()
     shown, last = print_listing(
         paged(lambda n, after: ledger.runs(n, before=before if after is None else after),
@@ -113,7 +114,9 @@ def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> N
                              "skipped", "created", show_header=header),
         lambda st: [st.run_id, st.job, st.key, st.state, st.total, st.processed, st.failed,
                     st.skipped, st.created_at])
-    if not as_json and shown == limit:
+    if not as_json and shown == 0:
+        click.echo("no runs yet" if before is None else f"no runs before run {before}")
+    elif not as_json and shown == limit:
         more = ledger.count_runs(before=last.run_id)
         if more:
             click.echo(f"... {more:,} more (use --before {last.run_id} / --limit)")
@@ -131,8 +134,8 @@ def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> N
 @click.pass_obj
 def items(settings: Settings, run_id: int, stage: str | None, state: str | None, limit: int,
           after: int, as_json: bool) -> None:
-    """List RUN's items: seq, key, state, attempts, result and error (the reason). Does not
-    load --app."""
+    """List RUN's items: seq, key, state, attempts, result and error (the reason). Runs no
+    code of --app."""
     ledger = settings.ledger()
 
     def fetch(n: int, cursor: int | None) -> list[Any]:

@@ -11,7 +11,16 @@ from typing import Any
 import click
 from rich.table import Table
 
-from workledger.api import RESOLVE_TARGETS, Ledger, limits, since_time, visible
+from workledger.api import (
+    RESOLVE_TARGETS,
+    Finding,
+    FindingGroup,
+    Ledger,
+    group_findings,
+    limits,
+    since_time,
+    visible,
+)
 from workledger.cli.output import ID, JsonList, Seconds, console, echo_json, one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
@@ -58,8 +67,8 @@ def sweep(settings: Settings, grace: float, lease: float, as_json: bool) -> None
 def retry(settings: Settings, run_id: int, stage: str | None, seqs: tuple[int, ...],
           note: str | None) -> None:
     """Redrive RUN's failed items back to pending with fresh attempts (audited). Refused in a
-    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2. Does not
-    load --app."""
+    cancelled run; an unknown stage, or a seq that names no failed item, is exit 2. Runs no
+    code of --app."""
     n = settings.ledger().retry(run_id, stage=stage, seqs=list(seqs) or None, note=note)
     if n == 0 and not seqs:
         click.echo(f"run {run_id}: no failed items{f' in stage {stage}' if stage else ''}; "
@@ -85,7 +94,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
     several (--item repeated) or all of a stage (--all-unknown). Each item is moved by its own
     guarded transition and audited; an item that is not unknown is refused before anything
     changes. --as processed needs --app (the item is handed on to the stage that follows);
-    failed and pending do not load it."""
+    failed and pending run none of its code."""
     if bool(seqs) == all_unknown:
         raise UsageError("say which items: --item SEQ (repeatable) or --all-unknown")
     if all_unknown and not (note and note.strip()):
@@ -113,7 +122,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
 @click.pass_obj
 def pause(settings: Settings, run_id: int, note: str | None) -> None:
     """Stop claiming RUN's items; items in flight finish. A finished (complete or cancelled)
-    run is refused (exit 2). Does not load --app."""
+    run is refused (exit 2). Runs no code of --app."""
     done = settings.ledger().pause(run_id, note=note)
     click.echo(f"run {run_id}: {'paused' if done else 'already paused; nothing changed'}")
 
@@ -123,7 +132,7 @@ def pause(settings: Settings, run_id: int, note: str | None) -> None:
 @NOTE
 @click.pass_obj
 def resume(settings: Settings, run_id: int, note: str | None) -> None:
-    """Let workers claim RUN's items again. A finished run is refused (exit 2). Does not load
+    """Let workers claim RUN's items again. A finished run is refused (exit 2). Runs no code of
     --app."""
     done = settings.ledger().resume(run_id, note=note)
     click.echo(f"run {run_id}: {'resumed' if done else 'was not paused; nothing changed'}")
@@ -135,7 +144,7 @@ def resume(settings: Settings, run_id: int, note: str | None) -> None:
 @click.pass_obj
 def cancel(settings: Settings, run_id: int, note: str | None) -> None:
     """Cancel RUN: its pending items become skipped (reason: cancelled). A finished run is
-    refused (exit 2): cancelling it would relabel its history. Does not load --app."""
+    refused (exit 2): cancelling it would relabel its history. Runs no code of --app."""
     n = settings.ledger().cancel(run_id, note=note)
     if n < 0:
         click.echo(f"run {run_id}: already cancelled; nothing changed")
@@ -153,7 +162,7 @@ def cancel(settings: Settings, run_id: int, note: str | None) -> None:
 def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, note: str) -> None:
     """Acknowledge RUN's failed items (or one stage's, or one item's) after reviewing them: an
     event, not a state change. audit then lists them as reviewed and no longer exits 1 for
-    them; an item that fails again later alerts again. Does not load --app."""
+    them; an item that fails again later alerts again. Runs no code of --app."""
     n = settings.ledger().ack(run_id, stage=stage, seq=seq, note=note)
     click.echo(f"run {run_id}: acknowledged {n} failed item{'s' if n != 1 else ''}")
 
@@ -165,8 +174,8 @@ def ack(settings: Settings, run_id: int, stage: str | None, seq: int | None, not
 @JSON
 @click.pass_obj
 def history(settings: Settings, run_id: int, stage: str, seq: int, as_json: bool) -> None:
-    """An item's story: its row (attempts, token, times, result, reason) and its events. Does
-    not load --app."""
+    """An item's story: its row (attempts, token, times, result, reason) and its events. Runs
+    no code of --app."""
     story = settings.ledger().history(run_id, stage, seq)
     if as_json:
         echo_json(history_dict(story))
@@ -206,7 +215,7 @@ def reconcile(settings: Settings, run_id: int | None, every: bool, dry_run: bool
               as_json: bool) -> None:
     """Derive RUN's counters (total, processed, failed, skipped, completion) and its
     per-stage state counts (what status reads) from its items, print each difference from the
-    stored ones, and repair them unless --dry-run. Safe while workers run. Does not load
+    stored ones, and repair them unless --dry-run. Safe while workers run. Runs no code of
     --app."""
     if (run_id is None) == (not every):
         raise UsageError("give a RUN or --all (not both)")
@@ -249,11 +258,15 @@ def _reconciled_line(entry: dict[str, Any]) -> str:
 @click.option("--job", metavar="NAME", help="Only findings in runs of this job.")
 @click.option("--since", metavar="AGE|TIME",
               help="Only findings since then: an age (30m, 24h, 7d) or an ISO date or time.")
+@click.option("--items", "each", is_flag=True,
+              help="One row per item, instead of one line per group of findings.")
 @JSON
 @click.pass_obj
 def audit(settings: Settings, run_id: int | None, job: str | None, since: str | None,
-          as_json: bool) -> None:
+          each: bool, as_json: bool) -> None:
     """List every stranded run and item with the path that will move it, and since when.
+    Findings of one kind, run, stage and path are one line that says how many items it
+    holds (the oldest one's since); --items lists them one by one, and --json always does.
     Exits 1 when something needs a person now. Failures a person reviewed (acknowledged with
     `ack`, or within the tolerance of a finished run) are listed apart and do not make it
     exit 1, so a cron alert on it clears once each failure has been looked at. Uses --app
@@ -266,23 +279,30 @@ def audit(settings: Settings, run_id: int | None, job: str | None, since: str | 
     elif not findings:
         click.echo("nothing stranded")
     else:
-        now = [f for f in findings if f.reviewed is None]
+        lines = [_one(f) for f in findings] if each else group_findings(findings)
+        now = [g for g in lines if g.reviewed is None]
         _findings_table("stranded, with who moves it" if now else "", now)
-        _findings_table("reviewed (not alerting)", [f for f in findings if f.reviewed])
+        _findings_table("reviewed (not alerting)", [g for g in lines if g.reviewed])
+        if len(lines) < len(findings):
+            click.echo(f"{len(findings):,} findings in {len(lines):,} "
+                       f"line{'s' if len(lines) != 1 else ''}; --items lists each")
     if any(f.needs_person for f in findings):
         raise click.exceptions.Exit(1)
 
 
-def _findings_table(title: str, findings: list[Any]) -> None:
-    if not findings:
+def _one(f: Finding) -> FindingGroup:
+    return FindingGroup(f.kind, f.run_id, f.stage, f.path, f.needs_person, f.reviewed, (f,))
+
+
+def _findings_table(title: str, groups: list[FindingGroup]) -> None:
+    if not groups:
         return
-    reviewed = any(f.reviewed for f in findings)
+    reviewed = any(g.reviewed for g in groups)
     table = Table("run", "what", "item", "since", "review" if reviewed else "who moves it",
                   "detail", title=title or None, title_justify="left")
-    for f in findings:
-        item = f"{f.stage}/{f.seq}" if f.stage is not None else ""
-        table.add_row(str(f.run_id), f.kind, show(item), f.since, show(f.reviewed or f.path),
-                      show(one_line(f.detail or "")))
+    for g in groups:
+        table.add_row(str(g.run_id), g.kind, show(g.items), g.since, show(g.reviewed or g.path),
+                      show(one_line(g.detail or "")))
     console(width=160).print(table)
 
 

@@ -32,7 +32,7 @@ from workledger.shapes import submission_dict
 @click.command()
 @click.pass_obj
 def init(settings: Settings) -> None:
-    """Create or upgrade the ledger schema (safe to repeat). Does not load --app."""
+    """Create or upgrade the ledger schema (safe to repeat). Runs no code of --app."""
     ledger = settings.ledger(create=True)
     applied = ledger.init()
     where = show(ledger.where)
@@ -97,6 +97,9 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
 
     Submitting again with the same key returns the existing run (created: false) with its
     real state; the same key with a different payload is refused and nothing is written.
+    Run ids increase and are never given twice, but they need not be consecutive (on
+    PostgreSQL a repeated, refused or rolled-back submission uses one up): poll the id this
+    prints, never the next number.
     Limits: the key 1,000 bytes, the payload 16 MiB of JSON nested at most 64 levels.
     """
     value = read_payload(payload, payload_file)

@@ -9,6 +9,7 @@ failed). Everything is read a page at a time, so nothing is silently left out; t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,6 +44,84 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    """Findings of one kind, run, stage and path, and reviewed alike: what a person reads as
+    one line (a dead chunk of 100 items is one group of 100 expired leases)."""
+
+    kind: str
+    run_id: int
+    stage: str | None
+    path: str  # for several items, the stage-wide action (retry --stage, resolve --all-unknown)
+    needs_person: bool
+    reviewed: str | None
+    findings: tuple[Finding, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.findings)
+
+    @property
+    def since(self) -> str:
+        return min(f.since for f in self.findings)
+
+    @property
+    def items(self) -> str:
+        """The item (``stage/seq``), or how many items of which stage."""
+        if self.count > 1:
+            return f"{self.count:,} items of {self.stage}"
+        first = self.findings[0]
+        return f"{first.stage}/{first.seq}" if first.stage is not None else ""
+
+    @property
+    def detail(self) -> str | None:
+        """The reason, or the most common one and how many others there are."""
+        reasons = Counter(f.detail for f in self.findings if f.detail)
+        if not reasons:
+            return None
+        top, n = reasons.most_common(1)[0]
+        if len(reasons) == 1:
+            return top
+        others = len(reasons) - 1
+        return f"{top} ({n:,} of them; {others:,} other reason{'s' if others > 1 else ''})"
+
+
+def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:
+    """The findings grouped by kind, run, stage, stage-wide path and review, in the order
+    each group first appears."""
+    groups: dict[tuple[Any, ...], list[Finding]] = {}
+    for f in findings:
+        key = (f.kind, f.run_id, f.stage, _stage_wide(f), f.needs_person, f.reviewed)
+        groups.setdefault(key, []).append(f)
+    return [FindingGroup(kind, run_id, stage, path if len(found) > 1 else found[0].path,
+                         person, reviewed, tuple(found))
+            for (kind, run_id, stage, path, person, reviewed), found in groups.items()]
+
+
+def _stage_wide(f: Finding) -> str:
+    """What moves every item of ``f``'s kind in its stage at once (its own path when its path
+    names no item)."""
+    if f.stage is None or f.stage == CLOSE_STAGE:
+        return f.path
+    if f.kind == "failed":
+        return _retry_path(f.run_id, f.stage)
+    if f.kind == "unknown" and f.needs_person:
+        return _resolve_path(f.run_id, f.stage)
+    return f.path
+
+
+def _retry_path(run_id: int, stage: str, seq: int | None = None) -> str:
+    item = f" --item {seq}" if seq is not None else ""
+    return f"a person: workledger retry {run_id} --stage {stage}{item}"
+
+
+def _resolve_path(run_id: int, stage: str, seq: int | None = None) -> str:
+    which = f"--item {seq}" if seq is not None else "--all-unknown"
+    why = "" if seq is not None else " --note WHY"
+    return (f"a person: workledger resolve {run_id} --stage {stage} {which} "
+            f"--as processed|failed|pending{why}")
 
 
 @dataclass(frozen=True)
@@ -224,14 +303,13 @@ def _attention(store: Store, runs: _Runs, where: AuditFilter, after: int
                                 "sweeper: asks the stage's verify hook", False, i.stage,
                                 i.seq, i.error)
         else:
-            path = (f"a person: workledger resolve {i.run_id} --stage {i.stage} --item {i.seq}"
-                    " --as processed|failed|pending")
+            path = _resolve_path(i.run_id, i.stage, i.seq)
             yield i.id, Finding("unknown", i.run_id, str(i.updated_at), path, True, i.stage,
                                 i.seq, i.error)
 
 
 def _failure(i: ItemRow, runs: _Runs) -> Finding:
-    path = f"a person: workledger retry {i.run_id} --stage {i.stage} --item {i.seq}"
+    path = _retry_path(i.run_id, i.stage, i.seq)
     reviewed = None
     status = runs.status(i.run_id)
     ack = runs.acknowledged(i)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from workledger.core.text import mask_url
 from workledger.errors import BadInput, NoLedger
@@ -62,6 +62,30 @@ def sqlite_path(url: str, *, create: bool = True) -> str:
     if not create and not os.path.exists(path):
         raise no_ledger(url)
     return path
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether two URLs name one ledger: the same SQLite file however its path is written
+    (relative, ``~``, percent-encoded, a link), or the same PostgreSQL URL whatever its
+    password."""
+    if a == b:
+        return True
+    if a.lower().startswith("sqlite:///") and b.lower().startswith("sqlite:///"):
+        return _sqlite_file(a) == _sqlite_file(b)
+    return _no_password(a) == _no_password(b)
+
+
+def _no_password(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        user, _, host = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{user.partition(':')[0]}@{host}")
+    return mask_url(urlunsplit(parts))
+
+
+def _sqlite_file(url: str) -> str:
+    path = unquote(url[len("sqlite:///"):])
+    return path if path == ":memory:" else os.path.realpath(os.path.expanduser(path))
 
 
 def display_url(url: str) -> str:

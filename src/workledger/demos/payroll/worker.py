@@ -27,23 +27,48 @@ from workledger.demos.smtp_sink import MailSink
 APP = "workledger.demos.payroll.job:ledger"  # what the handler processes import
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m workledger.demos.payroll``, each with what it is."""
+    parser = argparse.ArgumentParser(
+        prog="python -m workledger.demos.payroll",
+        description="worker: drain the payroll run's ledger until idle and print its counters "
+                    "as one JSON line; sink: seed the employee store and run the local mail "
+                    "sink until stopped (what examples/celery_payroll needs).")
+    parser.add_argument("command", choices=["worker", "sink"],
+                        help="worker (needs --db) or sink")
+    parser.add_argument("--db", help="worker: the ledger's URL (sqlite:///... or "
+                                     "postgresql://...)")
+    parser.add_argument("--employees", type=int, default=2000,
+                        help="sink: employees to seed (default %(default)s)")
+    parser.add_argument("--port", type=int, default=2525,
+                        help="sink: the port to listen on (default %(default)s)")
+    parser.add_argument("--period", default=DEFAULT_PERIOD,
+                        help="sink: the pay period (default %(default)s)")
+    parser.add_argument("--out", default=os.environ.get("WORKLEDGER_PAYROLL_OUT", "payslips"),
+                        help="the folder of the employee store, the PDFs and the sink's "
+                             "records [env WORKLEDGER_PAYROLL_OUT; default %(default)s]")
+    parser.add_argument("--smtp", default=os.environ.get("WORKLEDGER_PAYROLL_SMTP",
+                                                         "127.0.0.1:25"),
+                        help="worker: the mail server, HOST:PORT [env WORKLEDGER_PAYROLL_SMTP; "
+                             "default %(default)s]")
+    parser.add_argument("--sink", default=os.environ.get("WORKLEDGER_PAYROLL_SINK"),
+                        help="worker: the sink's records, which the deliver stage's verify "
+                             "hook asks (none: no verify hook) [env WORKLEDGER_PAYROLL_SINK]")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="worker: handlers at once (default %(default)s)")
+    parser.add_argument("--chunk", type=int, default=100,
+                        help="worker: items per claim (default %(default)s)")
+    parser.add_argument("--lease", type=float, default=5.0,
+                        help="worker: lease in seconds (default %(default)s)")
+    parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 4),
+                        help="worker: render payslips in this many processes (1: in threads; "
+                             "default %(default)s)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m workledger.demos.payroll worker --db URL --out DIR --smtp HOST:PORT``."""
-    parser = argparse.ArgumentParser(prog="python -m workledger.demos.payroll")
-    parser.add_argument("command", choices=["worker", "sink"])
-    parser.add_argument("--db")
-    parser.add_argument("--employees", type=int, default=2000, help="sink: employees to seed")
-    parser.add_argument("--port", type=int, default=2525, help="sink: the port to listen on")
-    parser.add_argument("--period", default=DEFAULT_PERIOD, help="sink: the pay period")
-    parser.add_argument("--out", default=os.environ.get("WORKLEDGER_PAYROLL_OUT", "payslips"))
-    parser.add_argument("--smtp", default=os.environ.get("WORKLEDGER_PAYROLL_SMTP",
-                                                         "127.0.0.1:25"))
-    parser.add_argument("--sink", default=os.environ.get("WORKLEDGER_PAYROLL_SINK"))
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=100)
-    parser.add_argument("--lease", type=float, default=5.0)
-    parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 4),
-                        help="render payslips in this many processes (1: in threads)")
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.command == "sink":
         return sink(Path(args.out), args.employees, args.period, args.port)
