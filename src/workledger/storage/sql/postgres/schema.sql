@@ -33,6 +33,7 @@ CREATE TABLE wl_items (
     started_at timestamp with time zone,
     redispatch_at timestamp with time zone,
     dispatches integer DEFAULT 0 NOT NULL,
+    holder text,
     CONSTRAINT wl_items_pkey PRIMARY KEY (id),
     CONSTRAINT wl_items_run_id_stage_seq_key UNIQUE (run_id, stage, seq),
     CONSTRAINT wl_items_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'claimed'::text, 'processed'::text, 'failed'::text, 'skipped'::text, 'unknown'::text])))
@@ -55,6 +56,7 @@ CREATE TABLE wl_runs (
     skipped bigint DEFAULT 0 NOT NULL,
     tolerate double precision,
     deferred_at timestamp with time zone,
+    closing boolean,
     CONSTRAINT wl_runs_job_idempotency_key_key UNIQUE (job, idempotency_key),
     CONSTRAINT wl_runs_pkey PRIMARY KEY (id)
 );

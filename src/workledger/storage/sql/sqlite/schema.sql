@@ -32,6 +32,7 @@ CREATE TABLE wl_items (
     started_at TEXT,
     redispatch_at TEXT,
     dispatches INTEGER NOT NULL DEFAULT 0,
+    holder TEXT,
     CHECK (state IN ('pending', 'claimed', 'processed', 'failed', 'skipped', 'unknown')),
     UNIQUE (run_id, stage, seq)
 );
@@ -53,6 +54,7 @@ CREATE TABLE wl_runs (
     skipped INTEGER NOT NULL DEFAULT 0,
     tolerate REAL,
     deferred_at TEXT,
+    closing INTEGER,
     UNIQUE (job, idempotency_key)
 );
 
