@@ -5,7 +5,7 @@ The commits of the lost window are gone, among them a claim and the lease token 
 sequence behind the tokens is WAL-logged 32 values ahead, so the promoted standby hands out the
 same token again. Fencing must still tell the zombie (the holder of the lost claim, still
 running its handler) from the new holder: every token carries the timeline it was taken on
-(docs/reliability.md, "Failover").
+(docs/reliability.md, "Failover (PostgreSQL)").
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ PUBLIC_COLUMNS = {
         "started_at",
         "redispatch_at",
         "dispatches",
+        "holder",
         "result",
         "error",
         "created_at",

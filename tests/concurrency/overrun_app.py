@@ -61,7 +61,7 @@ def effects(path: str | os.PathLike[str], what: str = "effect") -> dict[str, int
 def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float | None = None,
                  verify: bool = False, idempotent: bool = False, hook_for: float | None = None,
                  executor: str | None = None, max_attempts: int = 5,
-                 hook_crash: bool = False) -> Any:
+                 hook_crash: bool = False, chdir: str | None = None) -> Any:
     from workledger import Item, Ledger
 
     ledger = Ledger(url)
@@ -79,6 +79,8 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
                verify=was_done if verify else None, executor=executor)
     def send(item: Any, ctx: Any) -> dict[str, Any]:
         log_line(log, "start", item.key, ctx.lease_token)
+        if chdir is not None:
+            os.chdir(chdir)  # a handler that moves the process's working directory
         time.sleep(effect_at)
         log_line(log, "effect", item.key, ctx.lease_token)
         return {"pid": os.getpid()}
@@ -110,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--executor", default=None)
     p.add_argument("--max-attempts", type=int, default=5)
     p.add_argument("--forever", action="store_true")
+    p.add_argument("--chdir", default=None)
     a = p.parse_args(argv)
-    ledger = build_ledger(a.url, a.log, effect_at=a.effect_at, timeout=a.timeout,
+    log = str(Path(a.log).resolve())  # the handler may move the working directory
+    ledger = build_ledger(a.url, log, effect_at=a.effect_at, timeout=a.timeout,
                           verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
-                          executor=a.executor, max_attempts=a.max_attempts)
+                          executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir)
     report = ledger.work(concurrency=a.concurrency, chunk=a.chunk, lease=a.lease,
                          until_idle=not a.forever, db_retry_for=60.0)
     ledger.close()

@@ -251,6 +251,42 @@ def test_on_sqlite_the_leases_of_a_dead_holder_are_taken_back_at_once(
     assert {i.state for i in items_of(ledger, run_id).values()} == {"unknown"}
 
 
+def test_on_sqlite_a_handler_that_changes_directory_does_not_lose_its_workers_leases(
+    spawn: Callable[..., Proc], db_url: str, log: Path, tmp_path: Path,  # noqa: F811
+) -> None:
+    """The review's case: with a relative ledger URL, a handler's os.chdir made the worker
+    look for its own holder file elsewhere and take back its own running items."""
+    sqlite_only(db_url)
+    ledger = app.build_ledger(f"sqlite:///{tmp_path / 'l.db'}", str(log))
+    run_id = ledger.job(app.JOB).submit({"n": 2}).run_id
+    ledger.close()
+    worker = spawn(app.command("sqlite:///l.db", log, lease=1.0, effect_at=2.5, chdir="/"),
+                   name="w", cwd=tmp_path)
+    report = worker.wait_ok(timeout=60)
+    assert (report["processed"], report["stale"]) == (2, 0), report
+    assert app.effects(log) == {"k0": 1, "k1": 1}
+    reread = app.build_ledger(f"sqlite:///{tmp_path / 'l.db'}", str(log))
+    assert {i.state for i in items_of(reread, run_id).values()} == {"processed"}
+    reread.close()
+
+
+def test_on_sqlite_a_holder_whose_file_is_missing_is_judged_by_its_lease_time(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """Only a file found unlocked proves a holder gone; a missing one is not proof."""
+    sqlite_only(db_url)
+    ledger = make_ledger(effect_at=3.0)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=60.0, effect_at=3.0), name="w")
+    wait_until(lambda: app.read_log(log), "the handler to start")
+    for path in Path(db_url[len("sqlite:///"):] + ".holders").iterdir():
+        path.unlink()
+    report = ledger.sweep(lease=60.0)
+    assert (report.to_pending, report.to_unknown) == (0, 0)
+    worker.wait_ok(timeout=60)
+    assert items_of(ledger, run_id)["k0"].state == "processed"
+
+
 def test_a_stopped_holder_keeps_its_items_while_it_lives(
     make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
 ) -> None:

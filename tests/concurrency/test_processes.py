@@ -50,12 +50,13 @@ def wait_until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE,
 class Proc:
     """One worker process with its output in files (pipes could fill up and block it)."""
 
-    def __init__(self, argv: list[str], tmp: Path, name: str, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], tmp: Path, name: str, env: dict[str, str],
+                 cwd: Path | None = None) -> None:
         self.name = name
         self.out = tmp / f"{name}.out"
         self.err = tmp / f"{name}.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+            self.popen = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=cwd)
         self.pid = self.popen.pid
 
     def wait(self, timeout: float = DEADLINE) -> int:
@@ -88,11 +89,11 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     started: list[Proc] = []
 
     def start(argv: list[str], name: str | None = None,
-              failpoints: str | None = None) -> Proc:
+              failpoints: str | None = None, cwd: Path | None = None) -> Proc:
         env = {k: v for k, v in os.environ.items() if k != "WORKLEDGER_FAILPOINTS"}
         if failpoints:
             env["WORKLEDGER_FAILPOINTS"] = failpoints
-        proc = Proc(argv, tmp_path, name or f"w{len(started)}", env)
+        proc = Proc(argv, tmp_path, name or f"w{len(started)}", env, cwd)
         started.append(proc)
         return proc
 

@@ -8,8 +8,10 @@ of the processes say; a file whose lock can be taken exclusively is a holder tha
 (the kernel released its locks when its last process ended), and the file is removed.
 
 A holder's file is locked under a temporary name and only then renamed into place, so a
-looker never finds the file of a live holder unlocked. flock on a network file system is not
-dependable: a ledger there is documented as unsupported (docs/reliability.md).
+looker never finds the file of a live holder unlocked. Only a file found unlocked proves its
+holder gone; a holder whose file is missing, or that cannot be looked at, is never taken from at
+once (its leases' time decides, or nothing, see :class:`Liveness`). flock on a network file
+system is not dependable: a ledger there is documented as unsupported (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ import contextlib
 import fcntl
 import os
 import socket
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 TEMP = ".new-"
+# a dead holder's file stays this long (seconds), so that every reclaim of a sweep pass sees it
+# dead and takes its items at once; after that its leftover items wait for their leases' time
+DEAD_KEEP = 120.0
 
 
 def new_holder_id() -> str:
@@ -30,7 +37,9 @@ def new_holder_id() -> str:
 
 
 def holders_dir(db_path: str) -> Path:
-    return Path(f"{db_path}.holders")
+    """``<db>.holders`` beside the file itself: the path resolved (a relative path, a symlink),
+    so every process finds the same folder whatever its working directory."""
+    return Path(f"{os.path.realpath(db_path)}.holders")
 
 
 class HolderFile:
@@ -77,26 +86,48 @@ def join(path: str) -> int | None:
     return fd
 
 
-def alive(db_path: str) -> list[str]:
-    """The ids of the live holders of this ledger; the files of the dead ones are removed."""
+@dataclass(frozen=True)
+class Liveness:
+    """What the host tells of a ledger's holders: those alive (their lock is held, or their
+    file cannot be looked at: a holder nobody can judge is never taken from), those proven gone
+    (their file's lock could be taken), and whether it could tell at all (the folder could be
+    read). A holder in neither list (its file missing) is judged by its lease's time."""
+
+    alive: tuple[str, ...] = ()
+    dead: tuple[str, ...] = ()
+    told: bool = True
+
+
+def look(db_path: str, now: float | None = None) -> Liveness:
+    """The liveness of this ledger's holders. A dead holder's file is kept ``DEAD_KEEP``
+    seconds (so every reclaim of a sweep pass sees it dead) and removed after."""
     folder = holders_dir(db_path)
     try:
         names = [n for n in os.listdir(folder) if not n.startswith(TEMP)]
+    except FileNotFoundError:
+        return Liveness()
     except OSError:
-        return []
-    live = []
+        return Liveness(told=False)  # cannot read the folder: take nothing from any holder
+    now = time.time() if now is None else now
+    live, dead = [], []
     for name in names:
+        path = folder / name
         try:
-            fd = os.open(folder / name, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed meanwhile: judged by its leases' time
         except OSError:
-            continue  # removed meanwhile: gone
+            live.append(name)  # cannot look (permissions, no descriptors left): not gone
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            live.append(name)  # somebody holds it: alive
+            live.append(name)  # somebody holds it (or the lock cannot be tried): alive
         else:
+            dead.append(name)
             with contextlib.suppress(OSError):
-                os.unlink(folder / name)
+                if now - os.fstat(fd).st_mtime > DEAD_KEEP:
+                    os.unlink(path)
         finally:
             os.close(fd)
-    return live
+    return Liveness(tuple(live), tuple(dead))

@@ -24,7 +24,7 @@ from workledger.errors import Contention, DatabaseUnavailable, StorageError, Usa
 from workledger.storage import common
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
-from workledger.storage.holders import HolderFile, alive
+from workledger.storage.holders import HolderFile, look
 from workledger.storage.port import ItemsInsert
 from workledger.storage.queries import queries
 
@@ -120,6 +120,9 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     def __init__(self, path: str, *, timeout: float = 60.0) -> None:
         check_version()
         self.path = path
+        # resolved once, here: a handler that changes the working directory later must not
+        # make this process look for its holders elsewhere (storage/holders.py)
+        self._real = os.path.realpath(path) if path != ":memory:" else path
         if path != ":memory:":
             parent = Path(path).resolve().parent  # open_store expanded ~ already
             if not parent.is_dir():
@@ -339,7 +342,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
         if self.path == ":memory:":
             return None
         try:
-            holder = HolderFile(self.path)
+            holder = HolderFile(self._real)
         except OSError as exc:  # a read-only folder: its leases are judged by the clock
             log.warning("cannot keep a holder file beside %s (%s): leases are judged by "
                         "the clock alone", self.path, exc)
@@ -355,7 +358,11 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             held.close()
 
     def _reclaim_params(self) -> dict[str, Any]:
-        return {"alive": json.dumps(alive(self.path)) if self.path != ":memory:" else "[]"}
+        seen = look(self._real) if self.path != ":memory:" else None
+        if seen is None:
+            return {"alive": "[]", "dead": "[]", "told": 1, "any_dead": 0}
+        return {"alive": json.dumps(seen.alive), "dead": json.dumps(seen.dead),
+                "told": int(seen.told), "any_dead": int(bool(seen.dead))}
 
     # -- schema ----------------------------------------------------------------------------
 

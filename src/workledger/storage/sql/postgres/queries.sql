@@ -132,7 +132,7 @@ ON CONFLICT (run_id, stage, seq) DO NOTHING;
 -- One statement: one token for the whole claim (a volatile CTE is evaluated once), the chunk locked
 -- with SKIP LOCKED so concurrent claimers take disjoint rows, nothing claimed from a paused,
 -- cancelled or not yet decomposed run.
--- The token: the server's timeline in its high bits (docs/design.md, "Fencing"), so a
+-- The token: the server's timeline in its high bits (docs/design.md, "Fencing: one token per claim"), so a
 -- promoted standby, whose sequence may hand out a lost window's values again, never gives
 -- out a token of the old timeline.
 WITH token AS (SELECT (('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))
@@ -166,7 +166,7 @@ RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.k
 -- wl_items_stage_claimable so that it stays O(limit) however the stages' rows interleave. The
 -- statements of one claim share one token: the first that finds rows takes it from the
 -- sequence (token NULL), the others are given it.
--- The token: the server's timeline in its high bits (docs/design.md, "Fencing"), so a
+-- The token: the server's timeline in its high bits (docs/design.md, "Fencing: one token per claim"), so a
 -- promoted standby, whose sequence may hand out a lost window's values again, never gives
 -- out a token of the old timeline.
 WITH token AS (SELECT (('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))
@@ -702,7 +702,7 @@ ORDER BY run_id;
 -- LOCKED: a copy of a message already claimed (or being claimed) finds nothing. One token for
 -- the claim, taken only when it finds rows. redispatch_at becomes the claim's time: the item
 -- is owed a message as soon as it is pending again (a retry, a release, an expired lease).
--- The token: the server's timeline in its high bits (docs/design.md, "Fencing"), so a
+-- The token: the server's timeline in its high bits (docs/design.md, "Fencing: one token per claim"), so a
 -- promoted standby, whose sequence may hand out a lost window's values again, never gives
 -- out a token of the old timeline.
 WITH token AS (SELECT (('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))

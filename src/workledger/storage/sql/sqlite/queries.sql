@@ -290,6 +290,10 @@ WHERE run_id = :run_id AND id > :after_id
 
 -- name: leases_reclaim_expired
 -- moves: claimed -> pending, unknown
+-- Taken back (migration 0008): an item whose lease ran out by the clock and that has no holder,
+-- or whose holder is not known alive (its file missing: its time decides); and at once an item
+-- whose holder is proven gone (:dead, its file found unlocked). Never one whose holder is alive
+-- (:alive), whatever the clocks say; nothing with a holder when the holders could not be told.
 UPDATE wl_items SET
     -- an item whose handler never started under this claim cannot have had an effect
     state = CASE WHEN started_at IS NULL THEN 'pending' ELSE :to_state END,
@@ -298,15 +302,19 @@ UPDATE wl_items SET
     lease_until = NULL,
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id IN (
-    SELECT i.id FROM wl_items AS i INDEXED BY wl_items_leased
-    JOIN wl_runs AS r ON r.id = i.run_id
-    WHERE i.state = 'claimed'
-      -- a holder's lease is over when the holder is gone (at once), never while it is alive;
-      -- one claimed without a holder, when its time runs out (migration 0008)
-      AND CASE WHEN i.holder IS NULL
-          THEN i.lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
-          ELSE i.holder NOT IN (SELECT value FROM json_each(:alive)) END
-      AND r.job = :job AND i.stage = :stage
+    SELECT id FROM (
+        SELECT i.id FROM wl_items AS i INDEXED BY wl_items_leased
+        JOIN wl_runs AS r ON r.id = i.run_id
+        WHERE i.state = 'claimed' AND i.lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+          AND (i.holder IS NULL
+               OR (:told AND i.holder NOT IN (SELECT value FROM json_each(:alive))))
+          AND r.job = :job AND i.stage = :stage
+        UNION
+        SELECT i.id FROM wl_items AS i INDEXED BY wl_items_leased
+        JOIN wl_runs AS r ON r.id = i.run_id
+        WHERE :any_dead AND i.state = 'claimed'
+          AND i.holder IN (SELECT value FROM json_each(:dead))
+          AND r.job = :job AND i.stage = :stage)
     LIMIT :limit)
 RETURNING *;
 
@@ -366,11 +374,13 @@ WHERE state IN ('failed', 'unknown') AND state IN (SELECT value FROM json_each(:
 ORDER BY id LIMIT :limit;
 
 -- name: leases_expired
--- What leases_reclaim_expired would take back (a holder gone, or a lease without one run out).
+-- What leases_reclaim_expired would take back (run out without a live holder, or its holder
+-- proven gone).
 SELECT * FROM wl_items INDEXED BY wl_items_leased
 WHERE state = 'claimed'
-  AND CASE WHEN holder IS NULL THEN lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
-      ELSE holder NOT IN (SELECT value FROM json_each(:alive)) END
+  AND ((lease_until < strftime('%Y-%m-%d %H:%M:%f', 'now')
+        AND (holder IS NULL OR (:told AND holder NOT IN (SELECT value FROM json_each(:alive)))))
+       OR (:any_dead AND holder IN (SELECT value FROM json_each(:dead))))
   AND id > :after_id
 ORDER BY id LIMIT :limit;
 

@@ -1,4 +1,5 @@
--- 0008: the holder of a claimed item (docs/reliability.md, "Clocks"). On SQLite every holder
+-- 0008: the holder of a claimed item (docs/design.md,
+-- "Leases: the holder's life, not the clocks"). On SQLite every holder
 -- is on the file's host, which tells whether it is alive (a locked file per worker beside the
 -- ledger, storage/holders.py): an item claimed under a holder is taken back when its holder is
 -- gone, at once, and never while it is alive, whatever the clocks of the processes say. NULL:
