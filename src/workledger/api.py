@@ -379,7 +379,10 @@ class Ledger:
         """One sweeper pass now (by hand: a failing decomposer is retried at once, no backoff):
         re-decompose, expired leases, verify, closing hooks (each closing hook run under a
         lease of ``lease`` seconds, like a worker's items)."""
-        return self.sweeper(grace=grace, lease=lease, backoff=0.0).sweep()
+        sweeper = self.sweeper(grace=grace, lease=lease, backoff=0.0)
+        report = sweeper.sweep()
+        sweeper.finish_overruns()  # a closing hook past its limit: its outcome, once it ends
+        return report
 
     def retry(self, run_id: int, *, stage: str | None = None, seqs: Sequence[int] | None = None,
               note: str | None = None, actor: str = "operator") -> int:

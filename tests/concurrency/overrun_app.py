@@ -61,7 +61,8 @@ def effects(path: str | os.PathLike[str], what: str = "effect") -> dict[str, int
 def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float | None = None,
                  verify: bool = False, idempotent: bool = False, hook_for: float | None = None,
                  executor: str | None = None, max_attempts: int = 5,
-                 hook_crash: bool = False, chdir: str | None = None) -> Any:
+                 hook_crash: bool = False, chdir: str | None = None,
+                 hook_timeout: float | None = None) -> Any:
     from workledger import Item, Ledger
 
     ledger = Ledger(url)
@@ -86,7 +87,7 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
         return {"pid": os.getpid()}
 
     if hook_for is not None:
-        @job.on_complete(max_attempts=3)
+        @job.on_complete(max_attempts=3, timeout=hook_timeout)
         def closing(status: Any) -> None:
             log_line(log, "close", str(status.run_id), 0)
             if hook_crash:

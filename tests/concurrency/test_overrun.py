@@ -102,6 +102,27 @@ def test_an_overrunning_item_cannot_be_resolved_as_pending_until_its_handler_end
     assert app.effects(log) == {"k0": 1}
 
 
+def test_a_worker_asked_to_stop_waits_for_its_overrunning_handler_to_end(
+    make_ledger: Callable[..., Any], db_url: str, log: Path,
+) -> None:
+    """In-process (``ledger.worker()``): before, run() returned while the abandoned handler
+    still ran, and closing the ledger let another process run the item again."""
+    import threading
+
+    ledger = make_ledger(timeout=0.5, effect_at=3.0, verify=True)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = ledger.worker(lease=2.0, concurrency=1)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    wait_until(lambda: worker.report.abandoned == 1, "the handler to be abandoned")
+    worker.stop()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert app.effects(log) == {"k0": 1}  # it returned only after the late effect
+    (item,) = items_of(ledger, run_id).values()
+    assert item.state != "claimed", item  # settled, not left held by nobody
+
+
 # -- 2. a closing hook longer than its lease ------------------------------------------------------
 
 
@@ -120,6 +141,22 @@ def test_a_closing_hook_longer_than_its_lease_runs_once(
     assert app.effects(log, "close") == {str(run_id): 1}, app.read_log(log)
     close = [i for i in ledger.items(run_id, limit=10, stage="@close")]
     assert [i.state for i in close] == ["processed"]
+
+
+def test_a_closing_hook_past_its_time_limit_runs_once_and_its_outcome_is_written_when_it_ends(
+    make_ledger: Callable[..., Any], db_url: str, log: Path,
+) -> None:
+    """Before, a hook past its limit was written off as failed and tried again while it still
+    ran (the review saw five runs overlapping)."""
+    ledger = make_ledger(hook_for=3.0, hook_timeout=0.5)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    ledger.work(lease=1.0, until_idle=True)
+    assert app.effects(log, "close") == {str(run_id): 1}, app.read_log(log)
+    assert app.effects(log, "closed") == {str(run_id): 1}
+    ledger.sweep(lease=1.0)  # nothing left to run again
+    assert app.effects(log, "close") == {str(run_id): 1}
+    (close,) = ledger.items(run_id, limit=10, stage="@close")
+    assert close.state == "processed", close
 
 
 def test_a_closing_hook_whose_process_dies_inside_it_is_bounded_by_its_attempts(

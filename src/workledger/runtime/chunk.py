@@ -436,6 +436,17 @@ class LateResults:
         renewal.hold(items[0].run_id, items[0].lease_token, [i.id for i in items])
         overrun.future.add_done_callback(lambda _: renewal.poke())
 
+    def drain(self, worker: Holder) -> None:
+        """Wait until every abandoned handler has ended and its items are settled (a worker
+        that stops does not leave an item held by a handler that may still act)."""
+        while True:
+            with self._lock:
+                futures = [p.future for p in self.pending]
+            if not futures:
+                return
+            wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
+            self.write(worker)
+
     def write(self, worker: Holder) -> None:
         """Settle the items of every abandoned handler that has ended by now."""
         with self._lock:

@@ -278,6 +278,11 @@ class ProcessExecutor(TaskBook):
     def stuck(self) -> int:
         return 0  # a child past its limit is killed, never left running
 
+    @property
+    def running(self) -> bool:
+        """A child may still be running a handler (its feeding thread has not ended)."""
+        return any(t.is_alive() for t in self._threads)
+
     def shutdown(self) -> None:
         for _ in self._threads:
             self._queue.put(None)

@@ -45,7 +45,7 @@ from workledger.runtime.execute import (
     view_of,
 )
 from workledger.runtime.jobs import Job, Stage
-from workledger.runtime.renewal import renewing
+from workledger.runtime.renewal import Renewal
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,
@@ -142,6 +142,7 @@ class Sweeper:
         self.lease = lease
         self.rng = rng or random.Random()
         self.holder: str | None = None  # the worker's holder, when it runs in a worker
+        self._overruns: list[threading.Thread] = []  # closing hooks past their time limit
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -281,30 +282,76 @@ class Sweeper:
         """Claim the run's ``@close`` entry and run its hook under that lease, renewed while the
         hook runs (a hook longer than the lease is not taken back and run again by another
         sweeper). Its attempt is charged before the hook starts, so a hook whose process dies
-        inside it is bounded by ``max_attempts`` like an item."""
-        claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor,
-                                                     closing=True, holder=self.holder))
-        item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
-        if item is None:
-            return False  # another sweeper holds it, or it waits for its retry time
+        inside it is bounded by ``max_attempts`` like an item. A hook past its time limit is
+        left to finish in its thread, its entry still held: its outcome is written when it
+        ends (``finish_overruns`` waits for that), never while it may still act. A sweeper
+        outside a worker holds a holder of its own for the claim (storage/holders.py)."""
+        own = None
+        if self.holder is None:
+            opened = self.store.holder_open()
+            own = opened[0] if opened else None
+        holder = self.holder or own
+        done = True
+        try:
+            claimed = self.store.items_claim(ClaimParams(run_id, 1, self.lease, 0, self.actor,
+                                                         closing=True, holder=holder))
+            item = next((c for c in claimed if c.stage == CLOSE_STAGE), None)
+            if item is None:
+                return False  # another sweeper holds it, or it waits for its retry time
+            stage = job.stage_named(CLOSE_STAGE)
+            if item.attempts >= stage.policy.max_attempts:  # each lost with its process
+                return self._closed(job, run_id, item, Failed(
+                    f"gave up after {item.attempts} attempts: the process running the "
+                    "closing hook was lost each time"), item.attempts)
+            if not self.store.items_mark_started(LeaseParams(run_id, [item.id],
+                                                             item.lease_token)):
+                return False  # its lease is lost already
+            call = _HookCall(job, stage, item, item.attempts + 1, self.actor,
+                             lambda: self._hook(job, run_id))
+            renewal = Renewal(self.store, self.lease, name="wl-hook-lease")
+            renewal.hold(run_id, item.lease_token, [item.id])
+            limit = stage.limit(self.timeout)
+            if call.ended(limit):
+                renewal.drop(run_id, item.lease_token, [item.id])
+                failpoints.hit("closing.after_hook")
+                return self._closed(job, run_id, item, call.outcome, call.attempt)
+            log.warning("run %s: the closing hook is still running after %gs: its entry stays "
+                        "held until it ends", run_id, limit)
+            done = False
+            finisher = threading.Thread(target=self._after_overrun, daemon=True,
+                                        name="wl-hook-overrun",
+                                        args=(job, run_id, item, call, renewal, own))
+            self._overruns.append(finisher)
+            finisher.start()
+            return False
+        finally:
+            if own is not None and done:
+                self.store.holder_close(own)
+
+    def _hook(self, job: Job, run_id: int) -> Any:
         hook = job.on_complete_fn
         assert hook is not None
-        stage = job.stage_named(CLOSE_STAGE)
-        attempt = item.attempts + 1
-        if item.attempts >= stage.policy.max_attempts:  # each of them lost with its process
-            outcome: Outcome = Failed(f"gave up after {item.attempts} attempts: the process "
-                                      "running the closing hook was lost each time")
-            return self._closed(job, run_id, item, outcome, item.attempts)
-        lease = LeaseParams(run_id, [item.id], item.lease_token)
-        if not self.store.items_mark_started(lease):
-            return False  # its lease is lost already
-        limit = stage.limit(self.timeout)
-        with renewing(self.store, self.lease, run_id, item.lease_token, [item.id]):
-            outcome = run_handler(job, stage, item, attempt, self.actor,
-                                  call=lambda: bounded(lambda: hook(self.status_of(run_id)),
-                                                       limit))
-        failpoints.hit("closing.after_hook")
-        return self._closed(job, run_id, item, outcome, attempt)
+        return hook(self.status_of(run_id))
+
+    def _after_overrun(self, job: Job, run_id: int, item: ClaimedItem, call: _HookCall,
+                       renewal: Renewal, own: str | None) -> None:
+        """A closing hook past its time limit has ended at last: write what it did."""
+        try:
+            call.ended(None)
+            renewal.drop(run_id, item.lease_token, [item.id])
+            self._closed(job, run_id, item, call.outcome, call.attempt)
+        except Exception:  # noqa: BLE001 - its lease runs out and the next sweep takes it back
+            log.exception("run %s: could not write the closing hook's late outcome", run_id)
+        finally:
+            if own is not None:
+                self.store.holder_close(own)
+
+    def finish_overruns(self, timeout: float | None = None) -> None:
+        """Wait for closing hooks left running past their time limit to end (and their
+        outcomes to be written)."""
+        for thread in list(self._overruns):
+            thread.join(timeout)
+        self._overruns = [t for t in self._overruns if t.is_alive()]
 
     def _closed(self, job: Job, run_id: int, item: ClaimedItem, outcome: Outcome,
                 attempt: int) -> bool:
@@ -313,6 +360,26 @@ class Sweeper:
             finish = finish._replace(event="closed")
         self.store.items_finish_if_leased(FinishParams(run_id, [finish], self.actor))
         return isinstance(outcome, Processed)
+
+
+class _HookCall:
+    """A closing hook's call in a thread of its own; ``ended(limit)`` waits for it."""
+
+    def __init__(self, job: Job, stage: Stage, item: ClaimedItem, attempt: int, actor: str,
+                 call: Callable[[], Any]) -> None:
+        self.attempt = attempt
+        self.outcome: Outcome = Failed("the closing hook did not end")
+        self._thread = threading.Thread(target=self._run, daemon=True, name="wl-hook",
+                                        args=(job, stage, item, actor, call))
+        self._thread.start()
+
+    def _run(self, job: Job, stage: Stage, item: ClaimedItem, actor: str,
+             call: Callable[[], Any]) -> None:
+        self.outcome = run_handler(job, stage, item, self.attempt, actor, call=call)
+
+    def ended(self, limit: float | None) -> bool:
+        self._thread.join(limit)
+        return not self._thread.is_alive()
 
 
 def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
@@ -375,6 +442,7 @@ class SweepLoop:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=60)
+        self.sweeper.finish_overruns(60)
         self.store.unlead()
 
     def _run(self) -> None:
