@@ -122,10 +122,12 @@ class CommitCutter:
                 message = kind + struct.pack("!i", length) + body
                 if kind in (b"Q", b"P") and _is_commit(kind, body):
                     pending = self._take()
-                if pending == "before" and kind in (b"Q", b"S"):
-                    self._counted()
-                    _close(link.client)  # the server never sees this COMMIT
-                    return
+                if pending == "before":  # neither the COMMIT nor what follows it is sent
+                    if kind in (b"Q", b"S"):
+                        self._counted()
+                        _close(link.client)  # the server never sees this COMMIT
+                        return
+                    continue
                 if pending == "after" and kind in (b"Q", b"S"):
                     link.muted = True
                     link.server.sendall(message)
