@@ -33,6 +33,7 @@ class _Link:
     client: socket.socket
     server: socket.socket
     muted: bool = False  # the server's bytes are no longer passed to the client
+    wrote: bool = False  # the open transaction sent a statement that writes
     replied: threading.Event = field(default_factory=threading.Event)
 
 
@@ -44,6 +45,7 @@ class CommitCutter:
         self._lock = threading.Lock()
         self._mode: str | None = None
         self._then_refuse = False
+        self._writes_only = False
         self.cuts = 0  # COMMITs acted on
         self._cut = threading.Condition(self._lock)
         self._links: list[_Link] = []
@@ -56,13 +58,16 @@ class CommitCutter:
         host, port = self.target
         return dsn_url.replace(f"{host}:{port}", f"127.0.0.1:{self.port}", 1)
 
-    def arm(self, mode: str = "after", then_refuse: bool = False) -> None:
+    def arm(self, mode: str = "after", then_refuse: bool = False,
+            writes_only: bool = False) -> None:
         """Act on the next COMMIT any client sends (``"after"`` or ``"before"``, above);
-        ``then_refuse``: from that moment on, refuse every new connection."""
+        ``then_refuse``: from that moment on, refuse every new connection; ``writes_only``:
+        only the COMMIT of a transaction that sent an INSERT, UPDATE, DELETE or WITH."""
         assert mode in ("after", "before")
         with self._lock:
             self._mode = mode
             self._then_refuse = then_refuse
+            self._writes_only = writes_only
 
     def wait_cut(self, count: int, timeout: float = 10.0) -> bool:
         with self._cut:
@@ -97,9 +102,11 @@ class CommitCutter:
             threading.Thread(target=self._upstream, args=(link,), daemon=True).start()
             threading.Thread(target=self._downstream, args=(link,), daemon=True).start()
 
-    def _take(self) -> str | None:
+    def _take(self, wrote: bool) -> str | None:
         """The armed mode, disarmed: only one COMMIT is acted on per ``arm``."""
         with self._lock:
+            if self._writes_only and not wrote:
+                return None
             mode, self._mode = self._mode, None
             if mode is not None and self._then_refuse:
                 self.refusing = True
@@ -120,12 +127,20 @@ class CommitCutter:
                 (length,) = struct.unpack("!i", _read_exact(link.client, 4))
                 body = _read_exact(link.client, length - 4)
                 message = kind + struct.pack("!i", length) + body
-                if kind in (b"Q", b"P") and _is_commit(kind, body):
-                    pending = self._take()
-                if pending == "before" and kind in (b"Q", b"S"):
-                    self._counted()
-                    _close(link.client)  # the server never sees this COMMIT
-                    return
+                if kind in (b"Q", b"P"):
+                    query = _query(kind, body)
+                    if query in _COMMITS:
+                        pending = self._take(link.wrote)
+                    if query in _COMMITS or query.startswith(b"ROLLBACK"):
+                        link.wrote = False
+                    elif query.startswith((b"INSERT", b"UPDATE", b"DELETE", b"WITH")):
+                        link.wrote = True
+                if pending == "before":  # neither the COMMIT nor what follows it is sent
+                    if kind in (b"Q", b"S"):
+                        self._counted()
+                        _close(link.client)  # the server never sees this COMMIT
+                        return
+                    continue
                 if pending == "after" and kind in (b"Q", b"S"):
                     link.muted = True
                     link.server.sendall(message)
@@ -169,11 +184,17 @@ class CommitCutter:
             _close(link.client)
 
 
-def _is_commit(kind: bytes, body: bytes) -> bool:
+_COMMITS = (b"COMMIT", b"END", b"COMMIT TRANSACTION", b"COMMIT WORK")
+
+
+def _query(kind: bytes, body: bytes) -> bytes:
+    """The query text of a Q or P message, upper case, comments before it left out."""
     if kind == b"P":  # statement name, then the query, each NUL-terminated
         body = body.split(b"\0", 1)[1] if b"\0" in body else b""
-    query = body.split(b"\0", 1)[0].strip().rstrip(b";").strip().upper()
-    return query in (b"COMMIT", b"END", b"COMMIT TRANSACTION", b"COMMIT WORK")
+    text = body.split(b"\0", 1)[0].strip()
+    while text.startswith(b"--"):  # a statement's leading comment lines
+        text = text.split(b"\n", 1)[1].strip() if b"\n" in text else b""
+    return text.rstrip(b";").strip().upper()
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:

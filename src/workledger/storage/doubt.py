@@ -46,7 +46,8 @@ MAX_DELAY = 2.0  # the backoff's cap while the server cannot be reached
 # The server's current timeline: a promoted standby starts a new one. pg_walfile_name names
 # the segment of the WAL insert position with the timeline it is written on (its first 8 hex
 # digits), up to date from the first transaction after a promotion (pg_control_checkpoint's
-# timeline waits for the next checkpoint).
+# timeline waits for the next checkpoint). The claims of sql/postgres/queries.sql put the same
+# expression in the high bits of every lease token.
 TIMELINE_SQL = "('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint"
 _BEFORE_COMMIT = (f"SELECT pg_current_xact_id_if_assigned()::text, "
                   f"CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL "
