@@ -10,18 +10,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from plan import Fault
-
-if TYPE_CHECKING:
-    from processes import Proc
-    from rounds import Round
+from processes import Proc
+from target import Target
 
 SEASONED = 1.5  # seconds: a worker needs about that long to start and claim
 
 
-def inject(rnd: Round, fault: Fault, index: int) -> str:
+def inject(rnd: Target, fault: Fault, index: int) -> str:
     outcome = _inject(rnd, fault, index)
     if outcome != "later":
         rnd.log(f"fault {index} {fault.kind} {fault.role} {fault.point}:{fault.nth} "
@@ -29,7 +26,7 @@ def inject(rnd: Round, fault: Fault, index: int) -> str:
     return outcome
 
 
-def _inject(rnd: Round, fault: Fault, index: int) -> str:
+def _inject(rnd: Target, fault: Fault, index: int) -> str:
     kind = fault.kind
     if kind == "kill":
         return _kill(rnd, fault)
@@ -60,7 +57,7 @@ def _seasoned(procs: list[Proc]) -> list[Proc]:
     return [p for p in procs if now - p.started > SEASONED] or procs
 
 
-def _kill(rnd: Round, fault: Fault) -> str:
+def _kill(rnd: Target, fault: Fault) -> str:
     live = _seasoned(rnd.live(fault.role) or rnd.live("worker"))
     if not live:
         return "later"
@@ -73,7 +70,7 @@ def _kill(rnd: Round, fault: Fault) -> str:
     return "later"
 
 
-def _stop(rnd: Round, fault: Fault) -> str:
+def _stop(rnd: Target, fault: Fault) -> str:
     live = _seasoned([p for p in (rnd.live(fault.role) or rnd.live("worker"))
                       if p.stopped_until is None])
     if not live:
@@ -87,7 +84,7 @@ def _stop(rnd: Round, fault: Fault) -> str:
     return "done"
 
 
-def _arm(rnd: Round, fault: Fault, index: int) -> str:
+def _arm(rnd: Target, fault: Fault, index: int) -> str:
     """A failpoint kills the process that passes it: start one that carries it."""
     spec = f"{fault.point}:{fault.nth}:exit"
     if fault.role == "worker":
@@ -101,7 +98,7 @@ def _arm(rnd: Round, fault: Fault, index: int) -> str:
     return "done"
 
 
-def _terminate(rnd: Round, fault: Fault) -> str:
+def _terminate(rnd: Target, fault: Fault) -> str:
     if not rnd.backend.up():
         return "later"
     try:
@@ -114,7 +111,7 @@ def _terminate(rnd: Round, fault: Fault) -> str:
     return "done"
 
 
-def _restart(rnd: Round, fault: Fault) -> str:
+def _restart(rnd: Target, fault: Fault) -> str:
     if not rnd.backend.up():
         return "later"
 

@@ -27,23 +27,12 @@ from faults import inject
 from oracle import Violation
 from plan import RoundPlan, RunPlan
 from processes import Exit, Proc, Spawner, count_errors, judge, round_env, submission_of
+from target import Slot
 
 TICK = 0.02
 SNAPSHOT_EVERY = 0.5
 ARMED_GRACE = 4.0  # seconds an armed failpoint may still fire after the last planned fault
 LIVENESS_SLACK = 30.0  # a run settles within the lease and this many seconds of the last fault
-
-
-@dataclass
-class Slot:
-    """A process a supervisor keeps running: restarted after it exits, with backoff."""
-
-    role: str
-    args: list[str]
-    proc: Proc | None = None
-    start_at: float = 0.0
-    backoff: float = 0.2
-    failpoint: str | None = None
 
 
 @dataclass
@@ -96,7 +85,7 @@ class Round:
         self.waiting_for = ""  # what recovery still waits for, as last seen
         self._snapped = self._told = 0.0
 
-    # -- what faults.py uses -------------------------------------------------------------------
+    # -- what faults.py uses (target.py's Target) --------------------------------------------------
 
     def live(self, role: str) -> list[Proc]:
         """Processes a fault may target: an armed one is left to die at its failpoint."""
