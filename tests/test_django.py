@@ -101,6 +101,20 @@ def test_a_committed_block_is_decomposed_and_completed_by_manage_py_worker(
         assert {i.result["order"] for i in ledger.items(placed["run"])} == {2}
 
 
+def test_handler_processes_set_django_up_themselves(project: Project) -> None:
+    """Issue 24 item 5: `worker --processes 2` failed with AppRegistryNotReady, its handler
+    processes importing the jobs module (which imports a model) before Django was set up."""
+    placed = project.place(8, "--units", "6")
+    done = project.manage("workledger", "worker", "--until-idle", "--processes", "2")
+    assert "processed 6" in done.stdout, done.stdout + done.stderr
+    status = project.status(placed["run"])
+    assert (status["state"], status["processed"]) == ("completed", 6)
+    with Ledger(project.url, create=False) as ledger:
+        results = [i.result for i in ledger.items(placed["run"])]
+    assert {r["order"] for r in results} == {8}  # read through the ORM, in the children
+    assert len({r["pid"] for r in results}) >= 1
+
+
 def test_a_running_worker_takes_the_committed_run_at_once(project: Project) -> None:
     worker = subprocess.Popen([sys.executable, "manage.py", "workledger", "worker"],
                               cwd=PROJECT, env=project.env, stdout=subprocess.PIPE,

@@ -9,18 +9,21 @@ then ``rq worker -w workledger.contrib.rq.Worker workledger``. Every message is 
 calling ``workledger.contrib.rq.deliver`` with one argument, the identity of some items, on the
 dispatch's queue (``workledger`` unless you name another); see docs/rq.md. The worker class is
 RQ's own (a work horse forked per job) plus two things: the ledger's sweeper runs in the
-worker's process, leader-elected, and RQ's scheduler is on (it holds a retry's message until it
-is due). It finds the ledgers to sweep where the dispatch records them when it publishes: the
-Redis set ``workledger:apps:<queue>`` (or ``WORKLEDGER_APP``, comma-separated).
+worker's process, leader-elected, and every such worker moves the messages of retries into the
+queue once they are due (held in the Redis sorted set ``workledger:due:<queue>``, never behind
+RQ's scheduler lock, which outlives a worker killed with ``kill -9`` by up to a minute). It
+finds the ledgers to sweep where the dispatch records them when it publishes: the Redis set
+``workledger:apps:<queue>`` (or ``WORKLEDGER_APP``, comma-separated).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import rq
@@ -35,6 +38,8 @@ log = logging.getLogger("workledger.dispatch")
 DELIVER = "workledger.contrib.rq.deliver"
 APPS_KEY = "workledger:apps:{queue}"  # the ledgers whose messages a queue carries
 LOOK_EVERY = 5.0  # seconds between looks for ledgers to sweep, in an rq worker
+DUE_KEY = "workledger:due:{queue}"  # retries' messages until they are due, by due time
+MOVE_EVERY = 0.5  # seconds between moves of due messages into the queue, in an rq worker
 # Held while a sweeper thread imports an app and while the worker forks a work horse: a fork
 # in the middle of an import would leave the horse waiting forever on the import's lock.
 _FORKING = threading.Lock()
@@ -72,10 +77,20 @@ class RQDispatch(BrokerDispatch):
         if now:
             self.rq_queue.enqueue_many([rq.Queue.prepare_data(
                 DELIVER, (m.body(),), timeout=self.job_timeout, result_ttl=0) for m in now])
-        for m in messages:
-            if m.delay > 0:  # held by RQ's scheduler until due
-                self.rq_queue.enqueue_in(timedelta(seconds=m.delay), DELIVER, m.body(),
-                                         job_timeout=self.job_timeout, result_ttl=0)
+        later = [m for m in messages if m.delay > 0]
+        if later:
+            self.hold(later)
+
+    def hold(self, messages: Sequence[Message]) -> None:
+        """Keep retries' messages in Redis until they are due, for every
+        ``workledger.contrib.rq.Worker`` of the queue to move into it then (:func:`move_due`).
+        Not RQ's ``enqueue_in``: its scheduler lock outlives a scheduler killed with ``kill
+        -9`` by up to 60 s, and a restarted worker leaves it be, so a retry due in 2 s waited a
+        minute (issue 24)."""
+        now = time.time()
+        self.redis.zadd(DUE_KEY.format(queue=self.queue), {
+            json.dumps({"body": m.body(), "timeout": self.job_timeout}, sort_keys=True):
+            now + m.delay for m in messages})
 
     def announce(self, app: str) -> None:
         """Say in Redis which ledger this queue carries, for the workers' sweepers: before a
@@ -92,19 +107,39 @@ class RQDispatch(BrokerDispatch):
         return waiting
 
 
+def move_due(connection: Redis, queue: str, now: float | None = None) -> int:
+    """Enqueue the held messages of ``queue`` that are due; how many. Each is taken out of
+    the set by one ``ZREM``, so of the workers moving at once only one enqueues it; a worker
+    that dies between the two loses that message, which the ledger's sweeper publishes again,
+    as it does any message a broker lost."""
+    key = DUE_KEY.format(queue=queue)
+    due: list[bytes] = connection.zrangebyscore(  # type: ignore[assignment]  # no scores
+        key, "-inf", time.time() if now is None else now, start=0, num=500)
+    target = rq.Queue(queue, connection=connection)
+    moved = 0
+    for member in due:
+        if connection.zrem(key, member):
+            held = json.loads(member)
+            target.enqueue(DELIVER, held["body"], job_timeout=held["timeout"], result_ttl=0)
+            moved += 1
+    return moved
+
+
 class Worker(rq.Worker):
-    """RQ's worker, with the ledgers' sweepers in its process and RQ's scheduler on:
-    ``rq worker -w workledger.contrib.rq.Worker QUEUE``."""
+    """RQ's worker, with the ledgers' sweepers in its process and the retries' messages moved
+    into its queues when due: ``rq worker -w workledger.contrib.rq.Worker QUEUE``."""
 
     _sweepers: _Sweepers | None = None
+    _due: _DueMessages | None = None
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
-        kwargs["with_scheduler"] = True  # a retry's message is held until due by it
+        kwargs["with_scheduler"] = True  # for retries an older workledger left to RQ's
         try:
             return bool(super().work(*args, **kwargs))
         finally:
-            if self._sweepers is not None:
-                self._sweepers.stop()
+            for running in (self._due, self._sweepers):
+                if running is not None:
+                    running.stop()
 
     def bootstrap(self, logging_level: str | None = "INFO", date_format: str = "%H:%M:%S",
                   log_format: str = "%(asctime)s %(message)s") -> None:
@@ -121,10 +156,41 @@ class Worker(rq.Worker):
             **{k: v for k, v in pool.connection_kwargs.items() if k != "socket_timeout"}))
         self._sweepers = _Sweepers(own, self.queue_names())
         self._sweepers.start()
+        self._due = _DueMessages(own, self.queue_names())
+        self._due.start()
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         with _FORKING:
             super().fork_work_horse(job, queue)
+
+
+class _DueMessages:
+    """A thread moving the retries' messages of this worker's queues into them when due."""
+
+    def __init__(self, connection: Redis, queues: list[str]) -> None:
+        self.connection = connection
+        self.queues = queues
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wl-due-messages", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(MOVE_EVERY):
+            try:
+                for queue in self.queues:
+                    move_due(self.connection, queue)
+                failing = False
+            except Exception:  # noqa: BLE001 - Redis away: said once, tried again
+                if not failing:
+                    log.exception("could not move the retries that are due into the queue")
+                failing = True
 
 
 class _Sweepers:

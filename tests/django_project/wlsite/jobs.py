@@ -1,7 +1,12 @@
-"""The project's jobs (settings.WORKLEDGER_APP = "wlsite.jobs:ledger"). The handler reads the
-order through Django's ORM: the worker runs in `manage.py workledger worker`, set up."""
+"""The project's jobs (settings.WORKLEDGER_APP = "wlsite.jobs:ledger"), written as
+docs/django.md shows: the model imported at the top, the handler reading the order through
+Django's ORM, in `manage.py workledger worker` or in its handler processes (--processes),
+which set Django up before they import this module."""
 
+import os
 from typing import Any
+
+from shop.models import Order
 
 from workledger import Item, Ledger
 
@@ -17,6 +22,5 @@ def lines(payload: dict[str, Any]) -> Any:
 
 @fulfil.stage("ship", idempotent=True)
 def ship(item: Any, ctx: Any) -> Any:
-    from shop.models import Order
-
-    return {"order": Order.objects.get(number=item.data["order"]).number, "line": item.key}
+    return {"order": Order.objects.get(number=item.data["order"]).number, "line": item.key,
+            "pid": os.getpid()}

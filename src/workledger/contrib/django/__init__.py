@@ -90,6 +90,10 @@ def submit(job: Job | str, payload: Any, *, key: str | None = None,
 
 
 def command_line(args: Sequence[str]) -> list[str]:
-    """The workledger command line that runs ``args`` on the project's ledger."""
+    """The workledger command line that runs ``args`` on the project's ledger. Its ``--app``
+    is ``workledger.contrib.django.project:ledger``, the same ledger through a module that
+    sets Django up first: what handler processes (``worker --processes N``) import."""
+    from workledger.contrib.django.project import SPEC
+
     ledger = get_ledger()
-    return ["--db", ledger.url, *(["--app", ledger.app] if ledger.app else []), *args]
+    return ["--db", ledger.url, *(["--app", SPEC] if ledger.app else []), *args]
