@@ -27,11 +27,13 @@ from faults import inject
 from oracle import Violation
 from plan import RoundPlan, RunPlan
 from processes import Exit, Proc, Spawner, count_errors, judge, round_env, submission_of
+from proxy import CommitCutter
 
 TICK = 0.02
 SNAPSHOT_EVERY = 0.5
 ARMED_GRACE = 4.0  # seconds an armed failpoint may still fire after the last planned fault
 LIVENESS_SLACK = 30.0  # a run settles within the lease and this many seconds of the last fault
+WAL_LIMIT_MIB = 64.0  # the stated bound on a SQLite ledger's WAL (check W); --wal-limit-mib
 
 
 @dataclass
@@ -63,18 +65,31 @@ class RoundResult:
     url: str
     waited_for: str = ""  # what recovery was still waiting for, last time it looked
     killed_roles: Counter[str] = field(default_factory=Counter)
+    wal_max: int = 0  # the largest SQLite WAL seen, bytes
+    hooks_slowed: int = 0  # slow-hook tokens a hook really took
 
 
 class Round:
-    def __init__(self, plan: RoundPlan, backend: Any, workdir: Path, hang_seconds: float) -> None:
+    def __init__(self, plan: RoundPlan, backend: Any, workdir: Path, hang_seconds: float,
+                 wal_limit_mib: float = WAL_LIMIT_MIB,
+                 liveness_slack: float = LIVENESS_SLACK) -> None:
         self.plan, self.backend, self.hang_seconds = plan, backend, hang_seconds
+        self.wal_limit = int(wal_limit_mib * 2**20)
+        self.settle_bound = plan.lease + liveness_slack
+        self.wal_max = 0
+        self.cuts_counted = 0
         self.folder = workdir / f"round-{plan.number}"
         self.control = self.folder / "control"
         self.control.mkdir(parents=True, exist_ok=True)
         self.sink = self.folder / "sink.db"
         sinkmod.create(str(self.sink))
         self.url = backend.new_round(plan.number)
-        self.spawner = Spawner(self.url, self.folder, round_env(self.sink, self.control))
+        # lost acknowledgements: the round's processes reach PostgreSQL through a proxy that
+        # can cut a connection right after a COMMIT; the oracle's own connection does not
+        self.proxy = CommitCutter(backend.server.port) \
+            if "lost_ack" in plan.kinds and backend.name == "postgres" else None
+        self.spawner = Spawner(self.proxy.url(self.url) if self.proxy else self.url,
+                               self.folder, round_env(self.sink, self.control))
         self.db = Db(self.url)
         self.procs: list[Proc] = []
         self.exits: list[Exit] = []
@@ -111,8 +126,10 @@ class Round:
                     self.killed_roles[f"{kind}:{role}"] += 1
             self.last_fault_end = max(self.last_fault_end, end)
 
-    def start_worker(self, failpoint: str | None = None) -> Proc:
-        return self._spawn("worker", self.worker_slots[0].args, failpoint)
+    def start_worker(self, failpoint: str | None = None, skew: str | None = None) -> Proc:
+        """A worker besides the supervised ones: one carrying a failpoint, or one whose clock
+        is off by ``skew`` (faketime's offset, such as ``-7m``)."""
+        return self._spawn("worker", self.worker_slots[0].args, failpoint, skew=skew)
 
     def submit(self, run: RunPlan, key: str, variant: int, failpoint: str | None = None) -> None:
         payload = json.dumps(run.payload(variant))
@@ -131,11 +148,12 @@ class Round:
         return int(rows[0][0]) if rows else None
 
     def _spawn(self, role: str, args: list[str], failpoint: str | None = None,
-               **note: Any) -> Proc:
-        proc = self.spawner.start(role, args, failpoint, **note)
+               skew: str | None = None, **note: Any) -> Proc:
+        proc = self.spawner.start(role, args, failpoint, skew, **note)
         self.procs.append(proc)
         self.log(f"start {proc.name} pid {proc.popen.pid}: {' '.join(args[:4])}"
-                 + (f" [failpoint {failpoint}]" if failpoint else ""))
+                 + (f" [failpoint {failpoint}]" if failpoint else "")
+                 + (f" [faketime {skew}]" if skew else ""))
         return proc
 
     def log(self, line: str) -> None:
@@ -158,6 +176,9 @@ class Round:
             recovery, stuck = self._recover()
         finally:
             self._stop()
+            if self.proxy is not None:
+                self.proxy.close()
+                self.spawner.url = self.url  # the judge's own reconcile goes direct
         return self._judge(recovery, stuck, time.monotonic() - began)
 
     def _chaos(self) -> None:
@@ -191,6 +212,8 @@ class Round:
         self._wait(lambda: not any(p.failpoint and p.alive for p in self.procs)
                    and not self.sweeper_slot.failpoint, ARMED_GRACE)
         self.sweeper_slot.failpoint = None
+        if self.proxy is not None:
+            self.proxy.disarm()  # an armed cut that found no COMMIT is not a fault
         for p in self.procs:
             if p.failpoint and p.alive and p.role == "worker":
                 p.stopping = True
@@ -206,7 +229,7 @@ class Round:
         self._wait(lambda: not self.live("operator"), 60.0)
 
     def _recover(self) -> tuple[float | None, list[str]]:
-        deadline = self.last_fault_end + self.plan.lease + LIVENESS_SLACK
+        deadline = self.last_fault_end + self.settle_bound
         stuck: list[str] = ["never checked"]
         checked = 0.0
         while True:
@@ -258,8 +281,14 @@ class Round:
         if self.running:
             for slot in [*self.worker_slots, self.sweeper_slot]:
                 self._keep(slot, now)
+        if self.proxy is not None and self.proxy.cuts > self.cuts_counted:
+            self.cuts_counted += 1
+            self.log("lost_ack: a COMMIT went through, its acknowledgement was cut")
+            self.counted("lost_ack", now)
         if now - self._snapped >= SNAPSHOT_EVERY:
             self._snapped = now
+            if self.db.sqlite:
+                self.wal_max = max(self.wal_max, self.db.wal_bytes())
             try:
                 self.one_way.observe(self.db)
             except Unreachable:
@@ -309,6 +338,8 @@ class Round:
         if run_id is None:
             return  # not submitted yet: nothing to operate on
         if op.command != "resolve":
+            if op.command == "retry":  # a person's choice: what it redrives may run again
+                sinkmod.choose(str(self.sink), f"{run_id}/*", "retry")
             self.operate([op.command, str(run_id)])
             return
         doubtful = self._rows(
@@ -322,16 +353,18 @@ class Round:
             as_state = "processed"
         else:
             as_state = "pending" if op.choice < 0.8 else "failed"
+        if as_state == "pending":
+            sinkmod.choose(str(self.sink), f"{run_id}/{stage}/{seq}", "resolve pending")
         self.operate(["resolve", str(run_id), "--stage", stage, "--item", str(seq),
                       "--as", as_state])
 
     # -- judging -----------------------------------------------------------------------------
 
     def _judge(self, recovery: float | None, stuck: list[str], seconds: float) -> RoundResult:
-        violations: list[Violation] = []
-        if recovery is None:
-            violations += [Violation("V", f"not settled within lease + {LIVENESS_SLACK:g} s of "
-                                          f"the last fault: {s}") for s in stuck[:10]]
+        violations = oracle.check_settled(recovery, stuck, self.settle_bound)
+        if self.db.sqlite:
+            self.wal_max = max(self.wal_max, self.db.wal_bytes())
+            violations += oracle.check_wal(self.wal_max, self.wal_limit)
         check = self.spawner.start("oracle", ["reconcile", "--all", "--dry-run", "--json"])
         check.popen.wait(120)
         self.exits.append(judge(check))
@@ -352,11 +385,14 @@ class Round:
         self.one_way.observe(self.db)
         facts = oracle.read_facts(self.db)
         view = sinkmod.read(str(self.sink))
+        died = frozenset(p.popen.pid for p in self.procs
+                         if p.popen.returncode in (-signal.SIGKILL, 137))
         violations += self.one_way.check(facts)
-        violations += oracle.check(facts, view, self.plan, self.acknowledged)
+        violations += oracle.check(facts, view, self.plan, self.acknowledged, died)
         self.db.close()
         return RoundResult(self.plan.number, self.faults, self.armed, len(facts.items),
-                           view.total_effects, oracle.duplicates(facts, view), violations,
+                           view.total_effects, oracle.duplicates(facts, view, died), violations,
                            recovery, count_errors(self.exits), len(self.procs) + 1, seconds,
                            self.folder, self.url, self.waiting_for,
-                           self.killed_roles)
+                           self.killed_roles, self.wal_max,
+                           len(list(self.control.glob("taken.*.slowhook-*"))))
