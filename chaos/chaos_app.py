@@ -12,9 +12,10 @@ lasts), sleeps a little, records its effect in the sink (sink.py) and returns. N
 raise after the effect, so a retry never repeats an effect that happened.
 
 The environment says where things are: ``CHAOS_SINK`` (the sink file), ``CHAOS_CONTROL`` (a
-folder: ``refuse_until`` holds a time; each ``hang.*`` file makes one handler hang; each
-``slowhook-close.*`` or ``slowhook-verify.*`` file makes one closing or verify hook sleep for
-the seconds it holds, longer than the lease, before it makes its effect or gives its answer).
+folder: ``refusing`` exists while the downstream refuses; each ``hang.*`` file makes one
+handler hang; each ``slowhook-close.*`` or ``slowhook-verify.*`` file makes one closing or
+verify hook sleep for the seconds it holds, longer than the lease, before it makes its effect
+or gives its answer).
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ def _options() -> dict[str, Any]:
 
 
 def refusing() -> bool:
-    try:
-        return time.time() < float((CONTROL / "refuse_until").read_text() or 0)
-    except (OSError, ValueError):
-        return False
+    """While a ``refuse`` fault lasts the campaign keeps a file ``refusing`` in the control
+    folder: no clock is compared, so a worker whose clock is skewed sees the same window."""
+    return (CONTROL / "refusing").exists()
 
 
 def _maybe_hang() -> None:

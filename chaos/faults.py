@@ -39,8 +39,7 @@ def _inject(rnd: Round, fault: Fault, index: int) -> str:
     if kind == "stop":
         return _stop(rnd, fault)
     if kind == "refuse":
-        until = time.time() + fault.duration
-        (rnd.control / "refuse_until").write_text(f"{until:.3f}")
+        rnd.refuse_for(fault.duration)
         rnd.counted(kind, time.monotonic() + fault.duration)
         return "done"
     if kind == "pg_terminate":

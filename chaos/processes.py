@@ -88,7 +88,8 @@ class Spawner:
         self.count = 0
 
     def start(self, role: str, args: list[str], failpoint: str | None = None,
-              skew: str | None = None, **note: Any) -> Proc:
+              skew: str | None = None, url: str | None = None, **note: Any) -> Proc:
+        """``url``: another way to the same ledger (the lost-acknowledgement proxy)."""
         self.count += 1
         name = f"{role}-{self.count}" + ("-skewed" if skew else "")
         env = dict(self.env)
@@ -96,7 +97,8 @@ class Spawner:
             env["WORKLEDGER_FAILPOINTS"] = failpoint
         if skew:
             env.update(faketime_env(skew))
-        argv = [sys.executable, "-m", "workledger.cli", "--db", self.url, "--app", APP, *args]
+        argv = [sys.executable, "-m", "workledger.cli", "--db", url or self.url, "--app", APP,
+                *args]
         out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
         with open(out, "wb") as o, open(err, "wb") as e:
             popen = subprocess.Popen(argv, stdout=o, stderr=e, env=env,
@@ -116,11 +118,19 @@ def faketime_library() -> str | None:
 def faketime_env(offset: str) -> dict[str, str]:
     """What ``faketime -f OFFSET`` sets for the program it runs, set here directly: the
     ``faketime`` wrapper forks and waits, so its pid would not be the worker's, and a SIGKILL or
-    SIGSTOP meant for the worker would stop only the wrapper."""
+    SIGSTOP meant for the worker would stop only the wrapper.
+
+    Only the wall clock is skewed, as on a host whose clock is wrong: libfaketime would move
+    the monotonic clock too, and then every timed wait (a deadline computed on the moved clock,
+    waited for by the kernel on the real one) lasts minutes longer or returns at once, which
+    no real host does."""
     library = faketime_library()
     if library is None:
         raise RuntimeError("faketime is not installed (Debian: apt-get install faketime)")
-    return {"LD_PRELOAD": library, "FAKETIME": offset}
+    site = str(CHAOS_DIR / "faketime_site")  # time.sleep that works under libfaketime
+    path = os.environ.get("PYTHONPATH")
+    return {"LD_PRELOAD": library, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [site, str(CHAOS_DIR), path]))}
 
 
 def round_env(sink: Path, control: Path) -> dict[str, str]:

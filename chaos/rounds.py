@@ -46,6 +46,7 @@ class Slot:
     start_at: float = 0.0
     backoff: float = 0.2
     failpoint: str | None = None
+    proxied: bool = False  # through the lost-acknowledgement proxy, when the round has one
 
 
 @dataclass
@@ -78,18 +79,20 @@ class Round:
         self.settle_bound = plan.lease + liveness_slack
         self.wal_max = 0
         self.cuts_counted = 0
+        self.refuse_end = 0.0  # monotonic: the downstream refuses until then
         self.folder = workdir / f"round-{plan.number}"
         self.control = self.folder / "control"
         self.control.mkdir(parents=True, exist_ok=True)
         self.sink = self.folder / "sink.db"
         sinkmod.create(str(self.sink))
         self.url = backend.new_round(plan.number)
-        # lost acknowledgements: the round's processes reach PostgreSQL through a proxy that
-        # can cut a connection right after a COMMIT; the oracle's own connection does not
+        # lost acknowledgements: in a round that draws them, the first supervised worker, the
+        # sweeper and the submitters reach PostgreSQL through a proxy that can cut a connection
+        # right after a COMMIT (the other processes, and the oracle, go direct: the proxy costs
+        # a round trip's worth of the campaign's CPU)
         self.proxy = CommitCutter(backend.server.port) \
-            if "lost_ack" in plan.kinds and backend.name == "postgres" else None
-        self.spawner = Spawner(self.proxy.url(self.url) if self.proxy else self.url,
-                               self.folder, round_env(self.sink, self.control))
+            if any(f.kind == "lost_ack" for f in plan.faults) else None
+        self.spawner = Spawner(self.url, self.folder, round_env(self.sink, self.control))
         self.db = Db(self.url)
         self.procs: list[Proc] = []
         self.exits: list[Exit] = []
@@ -103,9 +106,10 @@ class Round:
         self._lock = threading.Lock()
         work = ["worker", "--lease", f"{plan.lease:g}", "--chunk", str(plan.chunk),
                 "--concurrency", str(plan.concurrency)]
-        self.worker_slots = [Slot("worker", work) for _ in range(plan.workers)]
+        self.worker_slots = [Slot("worker", work, proxied=i == 0)
+                             for i in range(plan.workers)]
         self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1", "--lease",
-                                              f"{plan.lease:g}"])
+                                              f"{plan.lease:g}"], proxied=True)
         self.running = True
         self.t0 = time.monotonic()
         self.waiting_for = ""  # what recovery still waits for, as last seen
@@ -134,7 +138,7 @@ class Round:
     def submit(self, run: RunPlan, key: str, variant: int, failpoint: str | None = None) -> None:
         payload = json.dumps(run.payload(variant))
         self._spawn("submitter", ["submit", run.job, "--payload", payload, "--key", key,
-                                  "--json"], failpoint, key=key, variant=variant)
+                                  "--json"], failpoint, proxied=True, key=key, variant=variant)
 
     def operate(self, args: list[str], failpoint: str | None = None) -> Proc:
         return self._spawn("operator", [*args, "--note", "chaos"] if args[0] != "reconcile"
@@ -147,9 +151,15 @@ class Round:
             return None
         return int(rows[0][0]) if rows else None
 
+    def refuse_for(self, seconds: float) -> None:
+        """The downstream refuses for ``seconds`` (the tick ends it)."""
+        self.refuse_end = max(self.refuse_end, time.monotonic() + seconds)
+        (self.control / "refusing").touch()
+
     def _spawn(self, role: str, args: list[str], failpoint: str | None = None,
-               skew: str | None = None, **note: Any) -> Proc:
-        proc = self.spawner.start(role, args, failpoint, skew, **note)
+               skew: str | None = None, proxied: bool = False, **note: Any) -> Proc:
+        url = self.proxy.url(self.url) if proxied and self.proxy is not None else None
+        proc = self.spawner.start(role, args, failpoint, skew, url, **note)
         self.procs.append(proc)
         self.log(f"start {proc.name} pid {proc.popen.pid}: {' '.join(args[:4])}"
                  + (f" [failpoint {failpoint}]" if failpoint else "")
@@ -178,7 +188,6 @@ class Round:
             self._stop()
             if self.proxy is not None:
                 self.proxy.close()
-                self.spawner.url = self.url  # the judge's own reconcile goes direct
         return self._judge(recovery, stuck, time.monotonic() - began)
 
     def _chaos(self) -> None:
@@ -271,6 +280,9 @@ class Round:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        if self.refuse_end and now >= self.refuse_end:
+            self.refuse_end = 0.0
+            (self.control / "refusing").unlink(missing_ok=True)
         for p in self.procs:
             if p.stopped_until is not None and now >= p.stopped_until:
                 p.signal(signal.SIGCONT)
@@ -302,7 +314,7 @@ class Round:
             slot.backoff = 0.2 if clean or lived > 2.0 else min(slot.backoff * 2, 1.6)
             slot.start_at, slot.proc = now + slot.backoff, None
         if slot.proc is None and now >= slot.start_at:
-            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint)
+            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint, proxied=slot.proxied)
 
     def _reaped(self, p: Proc, now: float) -> None:
         ended = judge(p)
@@ -314,6 +326,8 @@ class Round:
             self.counted("failpoint", now, p.role)
             if self.sweeper_slot.failpoint == p.failpoint and p.role == "sweeper":
                 self.sweeper_slot.failpoint = None
+        if p.note.get("choice") and p.popen.returncode in (1, 2):
+            sinkmod.refused(str(self.sink), p.note["choice"])
         if p.role == "submitter":
             found = submission_of(p)
             if found is not None:
@@ -338,9 +352,10 @@ class Round:
         if run_id is None:
             return  # not submitted yet: nothing to operate on
         if op.command != "resolve":
+            choice = None
             if op.command == "retry":  # a person's choice: what it redrives may run again
-                sinkmod.choose(str(self.sink), f"{run_id}/*", "retry")
-            self.operate([op.command, str(run_id)])
+                choice = sinkmod.choose(str(self.sink), f"{run_id}/*", "retry")
+            self.operate([op.command, str(run_id)]).note["choice"] = choice
             return
         doubtful = self._rows(
             "SELECT stage, seq FROM wl_items WHERE run_id = %s AND state = 'unknown'"
@@ -353,10 +368,10 @@ class Round:
             as_state = "processed"
         else:
             as_state = "pending" if op.choice < 0.8 else "failed"
-        if as_state == "pending":
-            sinkmod.choose(str(self.sink), f"{run_id}/{stage}/{seq}", "resolve pending")
+        choice = sinkmod.choose(str(self.sink), f"{run_id}/{stage}/{seq}", "resolve pending") \
+            if as_state == "pending" else None
         self.operate(["resolve", str(run_id), "--stage", stage, "--item", str(seq),
-                      "--as", as_state])
+                      "--as", as_state]).note["choice"] = choice
 
     # -- judging -----------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS effects (
 CREATE TABLE IF NOT EXISTS effects_dedup (key TEXT PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS choices (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, what TEXT NOT NULL,
-    after_effect INTEGER NOT NULL, at REAL NOT NULL);
+    after_effect INTEGER NOT NULL, at REAL NOT NULL, refused INTEGER NOT NULL DEFAULT 0);
 """
 
 
@@ -94,14 +94,26 @@ class Sink:
         return row.fetchone() is not None
 
 
-def choose(path: str, key: str, what: str) -> None:
+def choose(path: str, key: str, what: str) -> int:
     """Record a person's choice (``key``: ``run/stage/seq``, or ``run/*`` for a whole run)
-    before the command that carries it out starts: every effect after it may follow from it."""
+    before the command that carries it out starts: every effect after it may follow from it.
+    Returns the choice's id, for :func:`refused`."""
     conn = connect(path)
     try:
-        conn.execute("INSERT INTO choices (key, what, after_effect, at)"
-                     " SELECT ?, ?, coalesce(max(id), 0), ? FROM effects",
-                     (key, what, time.time()))
+        cursor = conn.execute("INSERT INTO choices (key, what, after_effect, at)"
+                              " SELECT ?, ?, coalesce(max(id), 0), ? FROM effects",
+                              (key, what, time.time()))
+        return int(cursor.lastrowid or 0)
+    finally:
+        conn.close()
+
+
+def refused(path: str, choice: int) -> None:
+    """The command of a choice ended with a one-line refusal: it changed nothing, so it allows
+    nothing (a command killed midway may have committed: its choice stands)."""
+    conn = connect(path)
+    try:
+        conn.execute("UPDATE choices SET refused = 1 WHERE id = ?", (choice,))
     finally:
         conn.close()
 
@@ -144,7 +156,7 @@ def read(path: str) -> SinkView:
         for key, effect_id, pid in conn.execute("SELECT key, id, pid FROM effects ORDER BY id"):
             history.setdefault(key, []).append(Effect(effect_id, pid))
         choices = [Choice(*row) for row in conn.execute(
-            "SELECT key, what, after_effect FROM choices ORDER BY id")]
+            "SELECT key, what, after_effect FROM choices WHERE refused = 0 ORDER BY id")]
     finally:
         conn.close()
     return SinkView(starts, effects, dedup, history, choices)

@@ -192,3 +192,23 @@ def test_every_new_kind_is_drawn_when_each_kind_is_asked_for() -> None:
             assert {k for k in chaos_plan.NEW_KINDS if k in kinds} <= drawn, (backend, drawn)
     assert "skew" not in chaos_plan.kinds_for("postgres", True)
     assert "lost_ack" not in chaos_plan.kinds_for("sqlite", True)
+
+
+def test_a_refused_choice_allows_nothing(tmp_path: Path) -> None:
+    """The sink records a choice before its command starts; a command that was refused (exit 1
+    with one line: the item was no longer unknown) changed nothing, so allows no second effect."""
+    sys.path.insert(0, str(CAMPAIGN.parent))
+    try:
+        import sink
+    finally:
+        sys.path.remove(str(CAMPAIGN.parent))
+    path = str(tmp_path / "sink.db")
+    sink.create(path)
+    writer = sink.Sink(path)
+    writer.effect("1/deliver/0", 1, 1)
+    kept = sink.choose(path, "1/deliver/0", "resolve pending")
+    writer.effect("1/deliver/0", 2, 1)
+    assert oracle.check_duplicates(facts_of(DELIVER), sink.read(path)) == []
+    sink.refused(path, kept)
+    found = oracle.check_duplicates(facts_of(DELIVER), sink.read(path))
+    assert [v.check for v in found] == ["D"], found
