@@ -21,6 +21,7 @@ from workledger.storage.port import ClaimParams, Finish, FinishParams, ItemsQuer
 from . import procs
 from .test_processes import (
     Proc,
+    lose_holder,
     make_ledger,  # noqa: F401 - a fixture
     sink,  # noqa: F401 - a fixture
     spawn,  # noqa: F401 - a fixture
@@ -47,6 +48,7 @@ def test_a_stale_worker_resumed_after_the_prune_writes_no_event_of_the_pruned_ru
                                        chunk=n, lease=1.5, block=3.0), name="stale")
     wait_until(lambda: procs.sink_count(sink) == n, "the first worker running its chunk")
     stop_outside_transaction(stale, db_url, "wl-late")
+    lose_holder(db_url, "wl-late")  # a stopped worker that lives keeps its items otherwise
 
     fresh = spawn(procs.worker_command(db_url, sink, concurrency=n, chunk=n, lease=1.5),
                   name="fresh")
