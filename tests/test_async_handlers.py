@@ -134,12 +134,17 @@ def test_a_coroutine_that_ignores_its_cancellation_counts_as_stuck(app: Ledger,
                                                                    tmp_path: Path) -> None:
     """Two coroutines that swallow CancelledError hold on past their limit: with concurrency
     1 that is more stuck handlers than the worker runs at once, so it stops (exit 3 in the
-    CLI) for a supervisor to restart it. Their items were settled at their limit."""
+    CLI) for a supervisor to restart it. Their items stay held until their coroutines end,
+    then are settled (the worker's late results do it, in this process)."""
     log = tmp_path / "calls.log"
     run_id = app.job("stubborn").submit({"n": 2, "hold": 1.5, "log": str(log)}).run_id
     report = app.work(concurrency=1, chunk=1)
     assert report.stuck and report.abandoned == 2
     assert [line[0] for line in _lines(log)].count("ignored") >= 2
+    deadline = time.monotonic() + 30
+    while any(i.state == "claimed" for i in _items(app, run_id).values()):
+        assert time.monotonic() < deadline, "an item stayed held after its coroutine ended"
+        time.sleep(0.05)
     items = _items(app, run_id)
     assert {i.state for i in items.values()} == {"failed"}
     assert all("timeout after 0.3s" in (i.error or "") for i in items.values())

@@ -39,10 +39,10 @@ def _pg_plans(pg_url: str, run_id: int) -> dict[str, str]:
     ids = list(range(FINISHED + 1, FINISHED + 101))  # one chunk (the worker's default, 100)
     statements = {
         "items_claim": {"run_id": run_id, "after_id": 0, "limit": 500, "lease": 30.0,
-                        "closing": False},
+                        "closing": False, "holder": None},
         # another stage's claim: the run's 5,000 pending rows are all of stage "apply"
         "items_claim_stage": {"run_id": run_id, "stage": "deliver", "limit": 500,
-                              "lease": 30.0, "token": None},
+                              "lease": 30.0, "token": None, "holder": None},
         "items_finish_if_leased": {
             "ids": ids, "tokens": [1] * 100, "states": ["processed"] * 100,
             "results": [None] * 100, "errors": [None] * 100, "delays": [None] * 100,
@@ -106,7 +106,7 @@ def test_sqlite_claim_plan_uses_the_pending_index(sqlite_url: str) -> None:
     conn.execute("ANALYZE")
     sql = queries("sqlite")["items_claim"]
     params = {"token": 1, "lease": "+30 seconds", "run_id": run_id, "after_id": 0, "limit": 500,
-              "closing": False}
+              "closing": False, "holder": None}
     plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     conn.close()
     picked = [line for line in plan if "wl_items" in line and "INDEX" in line]

@@ -289,7 +289,8 @@ def test_postgres_dispatch_statements_use_the_identity_index_and_the_owed_index(
     seqs = list(range(FINISHED, FINISHED + 100))
     args = {
         "items_claim_by_identity": {"run_id": run_id, "job": "plan", "stage": "apply",
-                                    "seqs": seqs, "lease": 30.0, "limit": len(seqs)},
+                                    "seqs": seqs, "lease": 30.0, "limit": len(seqs),
+                                    "holder": None},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},
@@ -323,7 +324,7 @@ def test_sqlite_dispatch_statements_use_the_identity_index_and_the_owed_index(
     args = {
         "items_claim_by_identity": {"token": 1, "lease": "+30 seconds", "run_id": run_id,
                                     "job": "plan", "stage": "apply", "seqs": seqs,
-                                    "limit": 100},
+                                    "limit": 100, "holder": None},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},
