@@ -9,8 +9,12 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
+import pytest
+
 from workledger import Item, Ledger
 from workledger.storage.port import ClaimParams, LeaseParams
+
+pytestmark = pytest.mark.integration
 
 
 def _settings(url: str) -> dict[str, str]:

@@ -49,7 +49,8 @@ for (let i = 0; i < 20; i++) {
 </script>"""
 
 if not CHROMIUM.exists():
-    pytest.skip("needs Debian's chromium (/usr/bin/chromium; .ci/run installs it)",
+    pytest.skip("needs Debian's chromium at /usr/bin/chromium: apt-get install chromium "
+                "(.ci/run installs it)",
                 allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from conftest import BACKENDS
 
 from workledger.errors import DatabaseUnavailable
 from workledger.storage.port import (
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.contract
 def smoke_url() -> Iterator[str]:
     import psycopg
 
+    if "postgres" not in BACKENDS:
+        pytest.skip("PostgreSQL left out (WORKLEDGER_TEST_BACKENDS)")
     try:
         admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:

@@ -11,6 +11,8 @@ import pytest
 from workledger import Item, Ledger
 from workledger.errors import DecompositionFailed
 
+pytestmark = pytest.mark.integration
+
 
 class Crash(BaseException):
     """Stands for the process dying mid-decomposition: nothing records it on the run."""

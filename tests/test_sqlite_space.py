@@ -21,6 +21,8 @@ import pytest
 from workledger import Item, Ledger
 from workledger.errors import StorageError
 
+pytestmark = pytest.mark.integration
+
 APPS = Path(__file__).resolve().parent / "apps"
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from workledger import Item, Ledger, Permanent, Retry
 
+pytestmark = pytest.mark.integration
+
 SLOW_POLL = 60.0  # seconds: far longer than any wait below
 
 
