@@ -16,6 +16,8 @@ from workledger import Item, Ledger
 from workledger.cli import cli
 from workledger.errors import PayloadMismatch, UnknownRun
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
