@@ -209,6 +209,8 @@ class Round:
         self._wait(lambda: not any(p.failpoint and p.alive for p in self.procs)
                    and not self.sweeper_slot.failpoint, ARMED_GRACE)
         self.sweeper_slot.failpoint = None
+        if self.proxy is not None:
+            self.proxy.disarm()  # an armed cut that found no COMMIT is not a fault
         for p in self.procs:
             if p.failpoint and p.alive and p.role == "worker":
                 p.stopping = True
@@ -247,8 +249,6 @@ class Round:
 
     def _stop(self) -> None:
         self.running = False
-        if self.proxy is not None:  # a cut still armed now found no COMMIT: not a fault
-            self.proxy.disarm()
         for p in self.procs:
             if p.alive and not p.stopping:  # a second SIGTERM would make a worker exit at once
                 p.stopping = True

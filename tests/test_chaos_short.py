@@ -23,9 +23,6 @@ pytestmark = pytest.mark.concurrency
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "chaos" / "campaign.py"
 SEED = int(os.environ.get("WORKLEDGER_CHAOS_SEED", "20261201"))
-# check V's bound here: lease + this. 30 s holds on an idle machine (chaos/README.md); a CI
-# machine shared with other suites took ~28 s just to start a submitter, so the tier states more
-SLACK = os.environ.get("WORKLEDGER_CHAOS_SLACK", "90")
 sys.path.insert(0, str(CAMPAIGN.parent))
 try:
     import oracle
@@ -56,8 +53,8 @@ def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
     if backend == "sqlite":
         faketime_or_skip()
     done = campaign("--backend", backend, "--kills", "60", "--faults-per-round", "15",
-                    "--each-kind", "--liveness-slack", SLACK, "--seed", str(SEED), "--json",
-                    "--workdir", str(tmp_path), timeout=900)
+                    "--each-kind", "--seed", str(SEED), "--json", "--workdir", str(tmp_path),
+                    timeout=900)
     assert done.stdout.splitlines(), done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["violations"] == [], done.stdout[-6000:]
@@ -86,8 +83,7 @@ def test_the_oracle_finds_a_ledger_that_broke_the_promise(tmp_path: Path) -> Non
         sys.path.remove(str(CAMPAIGN.parent))
 
     plan = plan_round(SEED, 1, kinds_for("sqlite", False), faults=4)
-    result = Round(plan, SqliteBackend(tmp_path), tmp_path, 1.0,
-                   liveness_slack=float(SLACK)).run()
+    result = Round(plan, SqliteBackend(tmp_path), tmp_path, 1.0).run()
     assert result.violations == [], result.violations
     db_path = tmp_path / "round-1" / "ledger.db"
     with sqlite3.connect(db_path) as conn:
