@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -423,6 +424,7 @@ class LateResults:
     _renewal: Renewal | None = None
     _holder: Holder | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _settling: int = 0  # taken out of pending by a write not finished yet
 
     def add(self, holder: Holder, overrun: Overrun) -> None:
         with self._lock:
@@ -436,15 +438,25 @@ class LateResults:
         renewal.hold(items[0].run_id, items[0].lease_token, [i.id for i in items])
         overrun.future.add_done_callback(lambda _: renewal.poke())
 
+    @property
+    def busy(self) -> bool:
+        """An abandoned handler still runs, or its items are being settled."""
+        with self._lock:
+            return bool(self.pending) or self._settling > 0
+
     def drain(self, worker: Holder) -> None:
         """Wait until every abandoned handler has ended and its items are settled (a worker
         that stops does not leave an item held by a handler that may still act)."""
         while True:
             with self._lock:
                 futures = [p.future for p in self.pending]
-            if not futures:
+                settling = self._settling
+            if not futures and not settling:
                 return
-            wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
+            if futures:
+                wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
+            else:  # another thread is writing the last ones: let it finish
+                time.sleep(0.01)
             self.write(worker)
 
     def write(self, worker: Holder) -> None:
@@ -452,17 +464,22 @@ class LateResults:
         with self._lock:
             done = [p for p in self.pending if p.future.done()]
             self.pending = [p for p in self.pending if not p.future.done()]
+            self._settling += len(done)  # drain() waits for these too
             renewal = self._renewal
-        for overrun in done:
-            try:
-                self._settle(worker, overrun)
-            except BaseException:
-                with self._lock:  # not written: the next wake-up tries again
-                    self.pending.append(overrun)
-                raise
-            if renewal is not None:
-                items = overrun.items
-                renewal.drop(items[0].run_id, items[0].lease_token, [i.id for i in items])
+        try:
+            for i, overrun in enumerate(done):
+                try:
+                    self._settle(worker, overrun)
+                except BaseException:
+                    with self._lock:  # not written: the next wake-up tries again
+                        self.pending.extend(done[i:])
+                    raise
+                if renewal is not None:
+                    items = overrun.items
+                    renewal.drop(items[0].run_id, items[0].lease_token, [i.id for i in items])
+        finally:
+            with self._lock:
+                self._settling -= len(done)
 
     def _settle(self, worker: Holder, overrun: Overrun) -> None:
         late = {item.id: outcome for item, outcome in _ran(overrun.future)}

@@ -136,7 +136,7 @@ class Worker:
                 thread.join(120)
             for lane in lanes:
                 lane.join()
-            if self.late.pending and not self.report.stuck:
+            if self.late.busy and not self.report.stuck:
                 log.info("worker %s: waiting for %d handler(s) abandoned past their time limit "
                          "to end: their items stay held until then (a second signal exits at "
                          "once)", self.worker_id, len(self.late.pending))
@@ -148,7 +148,7 @@ class Worker:
                 self.coroutines.shutdown()
             if self.processes is not None:
                 self.processes.shutdown()
-            if (self.holder is not None and not self.late.pending
+            if (self.holder is not None and not self.late.busy
                     and not (self.processes is not None and self.processes.running)):
                 # nothing held any more: its leases may be taken back at once. (A handler
                 # abandoned past its limit that is still running keeps the holder alive with
