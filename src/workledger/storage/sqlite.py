@@ -172,11 +172,12 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
             if self._wake_on_commit:
                 self._wake_on_commit = False
                 self._work.set()
-        self._trim_wal()
 
     def _trim_wal(self) -> None:
-        """Truncate the write-ahead log if it grew past ``WAL_LIMIT``: after a commit, and
-        while a worker waits for work, at most once a second. A reader's long transaction
+        """Truncate the write-ahead log if it grew past ``WAL_LIMIT``: while a worker waits for
+        work, at most once a second (not after every commit: a TRUNCATE checkpoint in the
+        middle of a drain cost it a quarter of its speed; while it drains, SQLite's own
+        checkpoints and ``journal_size_limit`` keep the log bounded). A reader's long transaction
         makes it grow (SQLite cannot reuse frames a snapshot may still read), and it would keep
         that size for as long as any connection stays open. The checkpoint never waits (busy
         timeout 0): while such a reader still holds its snapshot it copies what it can and
