@@ -114,11 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-attempts", type=int, default=5)
     p.add_argument("--forever", action="store_true")
     p.add_argument("--chdir", default=None)
+    p.add_argument("--hook-crash", action="store_true")
+    p.add_argument("--sweep", action="store_true",
+                   help="one sweeper pass instead of a worker; prints to_pending to_unknown")
     a = p.parse_args(argv)
     log = str(Path(a.log).resolve())  # the handler may move the working directory
     ledger = build_ledger(a.url, log, effect_at=a.effect_at, timeout=a.timeout,
                           verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
-                          executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir)
+                          executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir,
+                          hook_crash=a.hook_crash)
+    if a.sweep:
+        swept = ledger.sweep(lease=a.lease)
+        print(swept.to_pending, swept.to_unknown, flush=True)
+        ledger.close()
+        return 0
     report = ledger.work(concurrency=a.concurrency, chunk=a.chunk, lease=a.lease,
                          until_idle=not a.forever, db_retry_for=60.0)
     ledger.close()

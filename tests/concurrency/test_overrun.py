@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,16 +167,9 @@ def test_a_closing_hook_whose_process_dies_inside_it_is_bounded_by_its_attempts(
     ledger = make_ledger(hook_for=0.0)
     run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
     spawn(app.command(db_url, log, lease=1.0), name="w").wait_ok()  # no hook in that one
-    script = tmp_path / "sweep.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import overrun_app\n"
-        f"ledger = overrun_app.build_ledger({db_url!r}, {str(log)!r}, hook_for=0.0,"
-        " hook_crash=True)\n"
-        "ledger.sweep(lease=1.0)\n")
+    sweep = app.command(db_url, log, lease=1.0, hook_for=0.0, hook_crash=True, sweep=True)
     for i in range(6):
-        spawn([sys.executable, str(script)], name=f"sweep{i}").wait(timeout=60)
+        spawn(sweep, name=f"sweep{i}").wait(timeout=60)
         (close,) = ledger.items(run_id, limit=10, stage="@close")
         if close.state == "failed":
             break
@@ -257,15 +249,8 @@ def test_on_sqlite_a_sweeper_whose_clock_is_ahead_takes_nothing_from_a_live_hold
     run_id = ledger.job(app.JOB).submit({"n": 2}).run_id
     worker = spawn(app.command(db_url, log, lease=30.0, effect_at=4.0), name="w")
     wait_until(lambda: len(app.read_log(log)) == 2, "its handlers to start", timeout=60)
-    script = tmp_path / "sweep.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import overrun_app\n"
-        f"ledger = overrun_app.build_ledger({db_url!r}, {str(log)!r})\n"
-        "r = ledger.sweep(lease=30.0)\n"
-        "print(r.to_pending, r.to_unknown)\n")
-    sweeper = spawn(faketime("+1h") + [sys.executable, str(script)], name="ahead")
+    sweeper = spawn(faketime("+1h") + app.command(db_url, log, lease=30.0, sweep=True),
+                    name="ahead")
     assert sweeper.wait(timeout=60) == 0, sweeper.stderr()
     assert sweeper.out.read_text().split() == ["0", "0"]
     worker.wait_ok(timeout=60)
