@@ -7,8 +7,10 @@ connection of its own (sqlite3 or psycopg), never through workledger's code.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,9 @@ class Unreachable(RuntimeError):
 class Db:
     """The oracle's connection. SQL is written with ``%s`` placeholders for both backends."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, application: str = ORACLE_APP) -> None:
         self.url = url
+        self.application = application
         self.sqlite = url.startswith("sqlite:///")
         self._conn: Any = None
 
@@ -37,7 +40,7 @@ class Db:
                                    isolation_level=None)
             return conn
         sep = "&" if "?" in self.url else "?"
-        return psycopg.connect(f"{self.url}{sep}application_name={ORACLE_APP}",
+        return psycopg.connect(f"{self.url}{sep}application_name={self.application}",
                                autocommit=True, connect_timeout=5)
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -53,6 +56,23 @@ class Db:
                 if attempt == 2:
                     raise Unreachable(str(exc).strip().splitlines()[0]) from exc
         raise AssertionError("unreachable")
+
+    def hold_snapshot(self, seconds: float) -> None:
+        """One read transaction kept open for ``seconds``: a long report, a stuck dashboard."""
+        if self._conn is None:
+            self._conn = self._connect()
+        begin = "BEGIN" if self.sqlite else "BEGIN ISOLATION LEVEL REPEATABLE READ"
+        self._conn.execute(begin)
+        self._conn.execute("SELECT count(*), max(updated_at) FROM wl_items").fetchall()
+        time.sleep(seconds)  # the fault itself: a reader that holds its snapshot this long
+        self._conn.execute("COMMIT")
+
+    def wal_bytes(self) -> int:
+        """The size of a SQLite ledger's write-ahead log now (0 when it has none)."""
+        try:
+            return Path(self.url[len("sqlite:///"):] + "-wal").stat().st_size
+        except OSError:
+            return 0
 
     def close(self) -> None:
         if self._conn is not None:
@@ -75,6 +95,7 @@ class SqliteBackend:
     def drop_round(self, url: str) -> None:
         for suffix in ("", "-wal", "-shm"):
             Path(url[len("sqlite:///"):] + suffix).unlink(missing_ok=True)
+        shutil.rmtree(url[len("sqlite:///"):] + ".holders", ignore_errors=True)
 
     def up(self) -> bool:
         return True

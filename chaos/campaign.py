@@ -25,8 +25,9 @@ from typing import Any
 
 from backend import PostgresBackend, SqliteBackend
 from chaos_app import HANDLER_TIMEOUT, timeouts_supported
-from plan import kinds_for, plan_round
-from rounds import LIVENESS_SLACK, Round, RoundResult
+from plan import NEW_KINDS, kinds_for, plan_round
+from processes import faketime_library
+from rounds import LIVENESS_SLACK, WAL_LIMIT_MIB, Round, RoundResult
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -42,6 +43,14 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--round", type=int, default=None, help="run only this round of the seed")
     p.add_argument("--faults-per-round", type=int, default=12)
     p.add_argument("--lease", type=float, default=2.0, help="the workers' lease, seconds")
+    p.add_argument("--liveness-slack", type=float, default=LIVENESS_SLACK,
+                   help="check V: every run settles within the lease plus this many seconds "
+                        "of the last fault")
+    p.add_argument("--wal-limit-mib", type=float, default=WAL_LIMIT_MIB,
+                   help="check W: the largest a SQLite ledger's WAL may grow, MiB")
+    p.add_argument("--each-kind", action="store_true",
+                   help="every round draws each of the kinds issue 21 added at least once "
+                        f"({', '.join(NEW_KINDS)}, those the backend has)")
     p.add_argument("--json", action="store_true",
                    help="end with one line of JSON: seed, rounds, kills, items, effects, "
                         "violations, ...")
@@ -69,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos campaign: backend {a.backend}, seed {seed} "
           f"(replay: python chaos/campaign.py --backend {a.backend} --seed {seed})", flush=True)
     hang = timeouts_supported()
-    left_out = None if hang else ("hang left out of the draw: this workledger has no "
-                                  "@job.stage(..., timeout=), so a hung handler holds its lease")
+    skew = faketime_library() is not None
+    notes = ([] if hang else ["hang left out of the draw: this workledger has no "
+                              "@job.stage(..., timeout=), so a hung handler holds its lease"]) \
+        + ([] if skew or a.backend != "sqlite" else
+           ["skew left out of the draw: faketime is not installed (apt-get install faketime)"])
+    left_out = "; ".join(notes) or None
     if left_out:
         print(left_out, flush=True)
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="wl-chaos-"))
@@ -81,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         for number in ([a.round] if a.round is not None else range(1, 10**6)):
-            plan = plan_round(seed, number, kinds_for(a.backend, hang), a.faults_per_round,
-                              a.lease)
-            result = Round(plan, backend, workdir, HANDLER_TIMEOUT + a.lease).run()
+            plan = plan_round(seed, number, kinds_for(a.backend, hang, skew),
+                              a.faults_per_round, a.lease, NEW_KINDS if a.each_kind else ())
+            result = Round(plan, backend, workdir, HANDLER_TIMEOUT + a.lease, a.wal_limit_mib,
+                           a.liveness_slack).run()
             results.append(result)
             report_round(result, a.backend, seed)
             if not result.violations and not a.keep:
@@ -132,7 +146,7 @@ def summarize(results: list[RoundResult], seed: int, a: argparse.Namespace, seco
         duplicates.update(r.duplicates)
     recoveries = [r.recovery for r in results if r.recovery is not None]
     return {
-        "backend": a.backend, "seed": seed, "rounds": len(results),
+        "backend": a.backend, "seed": seed, "rounds": len(results), "lease": a.lease,
         "kills": sum(faults.values()), "faults": dict(sorted(faults.items())),
         "process_kills": faults["kill"] + faults["failpoint"],
         "by_role": dict(sorted(roles.items())),
@@ -141,7 +155,10 @@ def summarize(results: list[RoundResult], seed: int, a: argparse.Namespace, seco
         "repeated_effects": dict(duplicates), "processes": sum(r.processes for r in results),
         "one_line_errors": dict(errors.most_common(8)),
         "recovery_p50": percentile(recoveries, 0.5), "recovery_p99": percentile(recoveries, 0.99),
-        "recovery_limit": a.lease + LIVENESS_SLACK, "seconds": round(seconds, 1),
+        "recovery_limit": a.lease + a.liveness_slack, "seconds": round(seconds, 1),
+        "wal_max_mib": round(max((r.wal_max for r in results), default=0) / 2**20, 2),
+        "wal_limit_mib": a.wal_limit_mib,
+        "hooks_slowed": sum(r.hooks_slowed for r in results),
         "left_out": left_out,
         "violations": [{"round": r.number, "check": v.check, "what": v.what}
                        for r in results for v in r.violations],
@@ -159,11 +176,17 @@ def print_table(s: dict[str, Any]) -> None:
     rows += [("failpoints armed (fired: above)", f"{s['failpoints_armed']:,}"),
              ("items", f"{s['items']:,}"), ("effects", f"{s['effects']:,}"),
              ("  repeated, idempotent stage", f"{s['repeated_effects'].get('idempotent', 0):,}"),
-             ("  repeated, flagged unknown", f"{s['repeated_effects'].get('flagged', 0):,}"),
+             ("  repeated, a person chose it", f"{s['repeated_effects'].get('chosen', 0):,}"),
+             ("  repeated close, its process died",
+              f"{s['repeated_effects'].get('close_rerun_after_death', 0):,}"),
+             ("  repeated, nobody chose it", f"{s['repeated_effects'].get('unexplained', 0):,}"),
+             ("slow hooks that ran slow", f"{s['hooks_slowed']:,}"),
              ("processes started", f"{s['processes']:,}"),
              ("recovery p50", seconds(s["recovery_p50"])),
              ("recovery p99", seconds(s["recovery_p99"])),
-             ("recovery limit", f"lease + {LIVENESS_SLACK:g} s = {s['recovery_limit']:g} s"),
+             ("recovery limit", f"lease + {s['recovery_limit'] - s['lease']:g} s = "
+                                f"{s['recovery_limit']:g} s"),
+             ("largest SQLite WAL", f"{s['wal_max_mib']:g} MiB (bound {s['wal_limit_mib']:g} MiB)"),
              ("wall time", f"{s['seconds'] / 60:.1f} min"),
              ("violations", str(len(s["violations"])))]
     width = max(len(k) for k, _ in rows)

@@ -12,7 +12,10 @@ lasts), sleeps a little, records its effect in the sink (sink.py) and returns. N
 raise after the effect, so a retry never repeats an effect that happened.
 
 The environment says where things are: ``CHAOS_SINK`` (the sink file), ``CHAOS_CONTROL`` (a
-folder: ``refuse_until`` holds a time; each ``hang.*`` file makes one handler hang).
+folder: ``refusing`` exists while the downstream refuses; each ``hang.*`` file makes one
+handler hang; each ``slowhook-close.*`` or ``slowhook-verify.*`` file makes one closing or
+verify hook sleep for the seconds it holds, longer than the lease, before it makes its effect
+or gives its answer).
 """
 
 from __future__ import annotations
@@ -51,10 +54,9 @@ def _options() -> dict[str, Any]:
 
 
 def refusing() -> bool:
-    try:
-        return time.time() < float((CONTROL / "refuse_until").read_text() or 0)
-    except (OSError, ValueError):
-        return False
+    """While a ``refuse`` fault lasts the campaign keeps a file ``refusing`` in the control
+    folder: no clock is compared, so a worker whose clock is skewed sees the same window."""
+    return (CONTROL / "refusing").exists()
 
 
 def _maybe_hang() -> None:
@@ -65,6 +67,20 @@ def _maybe_hang() -> None:
         except OSError:
             continue  # another handler took it
         time.sleep(HANDLER_TIMEOUT + random.uniform(*OVERRUN))
+        return
+
+
+def _maybe_slow_hook(hook: str) -> None:
+    """Take one slow-hook token for ``hook`` (close | verify), if any, and sleep its seconds:
+    a hook that outlives its lease, which must not be taken back and run again meanwhile."""
+    for token in sorted(CONTROL.glob(f"slowhook-{hook}.*")):
+        try:
+            taken = token.with_name(f"taken.{os.getpid()}.{token.name}")
+            token.rename(taken)
+            seconds = float(taken.read_text() or 0)
+        except (OSError, ValueError):
+            continue  # another hook took it
+        time.sleep(seconds)
         return
 
 
@@ -92,6 +108,7 @@ def delivered(item: Any, ctx: Any) -> str:
     """The verify hook: a downstream that is down cannot be asked (the item goes to a person)."""
     if refusing():
         raise ConnectionRefusedError("downstream refuses (chaos): cannot tell")
+    _maybe_slow_hook("verify")
     return "done" if SINK.has_effect(ctx.idempotency_key) else "not_done"
 
 
@@ -106,4 +123,5 @@ charge.stage("charge", **_options())(work)
 def closed(status: Any) -> None:
     key = f"{status.run_id}/@close/0"
     SINK.start(key, 0, 0)
+    _maybe_slow_hook("close")
     SINK.effect(key, 0, 0)

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 
+from backend import Db
 from plan import Fault
 from processes import Proc
 from target import Target
@@ -35,8 +36,7 @@ def _inject(rnd: Target, fault: Fault, index: int) -> str:
     if kind == "stop":
         return _stop(rnd, fault)
     if kind == "refuse":
-        until = time.time() + fault.duration
-        (rnd.control / "refuse_until").write_text(f"{until:.3f}")
+        rnd.refuse_for(fault.duration)
         rnd.counted(kind, time.monotonic() + fault.duration)
         return "done"
     if kind == "pg_terminate":
@@ -47,7 +47,53 @@ def _inject(rnd: Target, fault: Fault, index: int) -> str:
         (rnd.control / f"hang.{index}").write_text("hang")
         rnd.counted(kind, time.monotonic() + rnd.hang_seconds)
         return "done"
+    if kind == "slow_hook":
+        _token(rnd, f"slowhook-{fault.mode}.{index}", f"{fault.duration:.3f}")
+        rnd.counted(kind, time.monotonic() + fault.duration, fault.mode)
+        return "done"
+    if kind == "skew":
+        rnd.start_worker(skew=fault.mode)
+        rnd.counted(kind, time.monotonic(), fault.mode[0])
+        return "done"
+    if kind == "reader":
+        return _reader(rnd, fault)
+    if kind == "lost_ack":
+        if rnd.proxy is None or not rnd.backend.up():
+            return "dropped" if rnd.proxy is None else "later"
+        rnd.proxy.arm()  # counted when the proxy cuts a COMMIT (rounds.py)
+        return "done"
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def _token(rnd: Round, name: str, text: str) -> None:
+    """A control file that appears whole: a hook never reads it half written."""
+    draft = rnd.control / f"draft.{name}"
+    draft.write_text(text)
+    draft.rename(rnd.control / name)
+
+
+def _reader(rnd: Round, fault: Fault) -> str:
+    """A reader holding one transaction open (BEGIN; SELECT ...) for the fault's seconds, in a
+    thread of the campaign: on SQLite no checkpoint can pass its snapshot meanwhile."""
+    if not rnd.backend.up():
+        return "later"
+    thread = threading.Thread(target=_read_long, args=(rnd, fault.duration), daemon=True,
+                              name="long-reader")
+    rnd.threads.append(thread)
+    thread.start()
+    rnd.counted("reader", time.monotonic() + fault.duration)
+    return "done"
+
+
+def _read_long(rnd: Round, seconds: float) -> None:
+    db = Db(rnd.url, application="chaos-reader")
+    try:
+        db.hold_snapshot(seconds)
+        rnd.log(f"reader held a transaction for {seconds:.2f} s")
+    except Exception as exc:  # noqa: BLE001 - a terminated session or a restart: the fault ends
+        rnd.log(f"reader ended early: {str(exc).strip().splitlines()[:1]}")
+    finally:
+        db.close()
 
 
 def _seasoned(procs: list[Proc]) -> list[Proc]:

@@ -6,13 +6,22 @@ After a round recovers, :func:`check` reads the ledger through the oracle's own 
 - **L** nothing lost: each run's first stage holds exactly its payload's units, hand-offs
   exist, every submission that was acknowledged is a run, every item is terminal or has a
   named way back in;
-- **D** no unflagged duplicate: an effect ran twice only in an idempotent stage (keyed the
-  same) or for an item that went through ``unknown``; a processed item's effect happened;
+- **D** no duplicate nobody chose: an effect of a stage that is not idempotent ran again only
+  after a person chose it (``resolve --as pending`` of that item, or ``retry`` of its run,
+  after the previous effect), whatever states the item went through meanwhile; a closing
+  hook's effect ran again only after such a retry or when the process that made the previous
+  one died (a hook is run again when its process dies inside it); a processed item's effect
+  happened;
 - **T** terminal is one-way: :class:`OneWay` diffs snapshots taken during the round;
 - **R** the projection reconciles: stored counters and stage counts equal what this module
   derives from the item rows (and ``reconcile --all --dry-run`` agrees, checked by the round).
 
-V (liveness) and E (clear errors) are judged by the round runner (rounds.py) and processes.py.
+- **V** every run that does not wait for a person settles within a stated bound after the last
+  fault (:func:`check_settled`; the round runner measures, rounds.py);
+- **W** a SQLite ledger's write-ahead log stays under a stated size (:func:`check_wal`; the
+  round samples it every half second).
+
+E (clear errors) is judged by processes.py.
 """
 
 from __future__ import annotations
@@ -24,13 +33,13 @@ from typing import Any
 
 from backend import Db
 from plan import RoundPlan
-from sink import SinkView
+from sink import Choice, Effect, SinkView
 
 STAGES = {"relay": ("prepare", "deliver"), "charge": ("charge",)}
-IDEMPOTENT = frozenset({"prepare", "@close"})
+IDEMPOTENT = frozenset({"prepare"})  # keyed by ctx.idempotency_key: a repeat is harmless
+CLOSE = "@close"
 TERMINAL = frozenset({"processed", "failed", "skipped"})
 AWAITING_VERIFY = "lease_expired: awaiting verify"  # the reason audit shows for the sweeper
-FLAGGED_BY = frozenset({"unknown", "verified", "resolved"})  # events of an item in doubt
 
 
 @dataclass(frozen=True)
@@ -161,10 +170,28 @@ def _why_open(run: dict[str, Any]) -> str | None:
 # -- the final checks ---------------------------------------------------------------------------
 
 
-def check(facts: Facts, view: SinkView, plan: RoundPlan,
-          acknowledged: list[dict[str, Any]]) -> list[Violation]:
-    return (check_lost(facts, plan, acknowledged) + check_duplicates(facts, view)
+def check(facts: Facts, view: SinkView, plan: RoundPlan, acknowledged: list[dict[str, Any]],
+          died: frozenset[int] = frozenset()) -> list[Violation]:
+    """``died``: pids of the round's processes that were killed or died at a failpoint."""
+    return (check_lost(facts, plan, acknowledged) + check_duplicates(facts, view, died)
             + check_projection(facts))
+
+
+def check_settled(recovery: float | None, stuck: list[str], bound: float) -> list[Violation]:
+    """V: ``recovery`` is how long after the last fault every run was settled (None: not within
+    ``bound``); ``stuck`` says what was still open when the bound ran out."""
+    if recovery is not None and recovery <= bound:
+        return []
+    return [Violation("V", f"not settled within {bound:g} s of the last fault: {s}")
+            for s in (stuck or ["(nothing named)"])[:10]]
+
+
+def check_wal(largest: int, limit: int) -> list[Violation]:
+    """W: the largest write-ahead log seen during the round, against the stated limit."""
+    if largest <= limit:
+        return []
+    return [Violation("W", f"the SQLite WAL reached {largest / 2**20:.1f} MiB, over the "
+                           f"stated bound of {limit / 2**20:g} MiB")]
 
 
 def check_lost(facts: Facts, plan: RoundPlan,
@@ -232,29 +259,56 @@ def _stranded(run: dict[str, Any], item: tuple[Any, ...]) -> str | None:
     return "is pending after recovery"
 
 
-def check_duplicates(facts: Facts, view: SinkView) -> list[Violation]:
+def check_duplicates(facts: Facts, view: SinkView,
+                     died: frozenset[int] = frozenset()) -> list[Violation]:
     found: list[Violation] = []
     known = {f"{i[1]}/{i[2]}/{i[3]}": i for i in facts.items}
     for key in set(view.effects) - set(known):
         found.append(Violation("D", f"an effect keyed {key} names no item"))
     for key, item in known.items():
-        effects = view.effects[key]
-        if item[2] not in IDEMPOTENT and effects > 1 and \
-                not facts.events.get(item[0], Counter()).keys() & FLAGGED_BY:
-            found.append(Violation("D", f"{key} ran its effect {effects} times and was never"
-                                        " unknown, verified or resolved"))
-        if item[4] == "processed" and effects == 0:
+        effects = view.history.get(key, [])
+        for prev, nxt in zip(effects, effects[1:], strict=False):
+            if item[2] in IDEMPOTENT or _why_again(key, item[2], prev, nxt, view.choices, died):
+                continue
+            what = "closing hook" if item[2] == CLOSE else "effect"
+            found.append(Violation("D", f"{key}: {what} ran again (effect #{nxt.id} by pid "
+                                        f"{nxt.pid} after #{prev.id} by pid {prev.pid}) and no"
+                                        " person chose it; item now " + str(item[4])))
+            break
+        if item[4] == "processed" and view.effects[key] == 0:
             found.append(Violation("D", f"{key} is processed but its effect never happened"))
     return found
 
 
-def duplicates(facts: Facts, view: SinkView) -> dict[str, int]:
-    """Effects that ran more than once: in idempotent stages, and flagged ones elsewhere."""
+def _why_again(key: str, stage: str, prev: Effect, nxt: Effect, choices: list[Choice],
+               died: frozenset[int]) -> str | None:
+    """Why an effect may happen again after ``prev`` (None: nothing allowed it)."""
+    run = key.split("/", 1)[0]
+    for c in choices:
+        if prev.id <= c.after_effect < nxt.id and (
+                (c.what == "resolve pending" and c.key == key)
+                or (c.what == "retry" and c.key == f"{run}/*")):
+            return f"{c.what} after the previous effect"
+    if stage == CLOSE and prev.pid in died:
+        return "the hook's process died after its effect"
+    return None
+
+
+def duplicates(facts: Facts, view: SinkView,
+               died: frozenset[int] = frozenset()) -> dict[str, int]:
+    """Effects that ran again: in an idempotent stage, after a person's choice, or a closing
+    hook whose process died (what check D allows), and ``unexplained`` ones (what it does not)."""
     out = Counter[str]()
     for item in facts.items:
-        n = view.effects[f"{item[1]}/{item[2]}/{item[3]}"]
-        if n > 1:
-            out["idempotent" if item[2] in IDEMPOTENT else "flagged"] += n - 1
+        key = f"{item[1]}/{item[2]}/{item[3]}"
+        effects = view.history.get(key, [])
+        for prev, nxt in zip(effects, effects[1:], strict=False):
+            if item[2] in IDEMPOTENT:
+                out["idempotent"] += 1
+                continue
+            why = _why_again(key, item[2], prev, nxt, view.choices, died)
+            out["unexplained" if why is None else
+                "close_rerun_after_death" if why.startswith("the hook") else "chosen"] += 1
     return dict(out)
 
 

@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 
 # fault kinds and their weights in the draw (kinds a backend cannot have are left out)
 WEIGHTS = {"kill": 30, "failpoint": 22, "stop": 14, "refuse": 8, "pg_terminate": 12,
-           "pg_restart": 6, "hang": 8}
-POSTGRES_ONLY = ("pg_terminate", "pg_restart")
+           "pg_restart": 6, "hang": 8, "slow_hook": 8, "skew": 6, "reader": 6, "lost_ack": 8}
+POSTGRES_ONLY = ("pg_terminate", "pg_restart", "lost_ack")
+SQLITE_ONLY = ("skew",)  # PostgreSQL's leases are the server's clock: a worker's clock is not used
+# the kinds issue 21 added: the short tier requires each of them at least once per backend
+NEW_KINDS = ("hang", "stop", "slow_hook", "skew", "reader", "lost_ack")
+SKEW_MINUTES = (2, 15)  # a worker's clock off by this many minutes, either way
 
 # named failpoints by the kind of process that passes them (src/workledger/failpoints.py)
 FAILPOINTS = {
@@ -60,8 +64,9 @@ class Fault:
     role: str = "worker"
     point: str = ""  # a failpoint's name
     nth: int = 1  # which hit of the failpoint kills
-    duration: float = 0.0  # stop, refuse, pg_restart: how long the fault lasts
-    mode: str = ""  # pg_restart: fast | immediate; pg_terminate: one | all
+    duration: float = 0.0  # stop, refuse, pg_restart, slow_hook, reader: how long it lasts
+    mode: str = ""  # pg_restart: fast|immediate; pg_terminate: one|all; slow_hook: close|verify;
+    # skew: faketime's offset, "-7m" or "+3m"
     pick: float = 0.0  # chooses among the live processes of the role at that moment
 
 
@@ -90,9 +95,12 @@ class RoundPlan:
     kinds: tuple[str, ...] = field(default=())
 
 
-def kinds_for(backend: str, hang: bool) -> tuple[str, ...]:
+def kinds_for(backend: str, hang: bool, skew: bool = True) -> tuple[str, ...]:
+    """The kinds a backend can have; ``hang`` needs stage time limits, ``skew`` faketime."""
     return tuple(k for k in WEIGHTS
-                 if (backend == "postgres" or k not in POSTGRES_ONLY) and (hang or k != "hang"))
+                 if (backend == "postgres" or k not in POSTGRES_ONLY)
+                 and (backend == "sqlite" or k not in SQLITE_ONLY)
+                 and (hang or k != "hang") and (skew or k != "skew"))
 
 
 def _pick(rng: random.Random, weights: dict[str, int]) -> str:
@@ -121,19 +129,41 @@ def _fault(rng: random.Random, at: float, kind: str, lease: float) -> Fault:
     if kind == "pg_restart":
         return Fault(at, kind, role="postgres", mode=rng.choice(["fast", "immediate"]),
                      duration=rng.uniform(0.1, 2.0))
+    if kind == "slow_hook":  # a closing or verify hook that outlives the lease
+        return Fault(at, kind, role="hook", mode=rng.choice(["close", "close", "verify"]),
+                     duration=lease + rng.uniform(0.5, 3.0))
+    if kind == "skew":
+        sign = rng.choice("+-")
+        return Fault(at, kind, role="worker", mode=f"{sign}{rng.randint(*SKEW_MINUTES)}m")
+    if kind == "reader":  # a long read transaction on the ledger
+        return Fault(at, kind, role="reader", duration=rng.uniform(2.0, 8.0))
+    if kind == "lost_ack":  # the next COMMIT through the proxy commits, its reply is lost
+        return Fault(at, kind, role="proxy")
     return Fault(at, kind, role="handler")  # hang
 
 
+def _kinds_drawn(rng: random.Random, kinds: tuple[str, ...], n: int,
+                 each: tuple[str, ...]) -> list[str]:
+    """``n`` kinds by weight; every kind of ``each`` (that the backend has) at least once."""
+    drawn = [_pick(rng, {k: WEIGHTS[k] for k in kinds}) for _ in range(n)]
+    for kind in [k for k in each if k in kinds and k not in drawn]:
+        free = [i for i, k in enumerate(drawn) if k not in each or drawn.count(k) > 1]
+        if not free:
+            break
+        drawn[rng.choice(free)] = kind
+    return drawn
+
+
 def plan_round(seed: int, number: int, kinds: tuple[str, ...], faults: int = 12,
-               lease: float = 2.0) -> RoundPlan:
+               lease: float = 2.0, each: tuple[str, ...] = ()) -> RoundPlan:
+    """``each``: kinds every round draws at least once (the short tier: NEW_KINDS)."""
     rng = random.Random(f"{seed}:{number}")
     runs = [RunPlan(f"r{number}-{i}", "relay" if rng.random() < 0.7 else "charge",
                     rng.randint(12, 48), rng.choice([0, 0, 0, 5, 7]))
             for i in range(rng.randint(3, 6))]
     at, planned = rng.uniform(1.5, 2.5), []
-    for _ in range(faults):
-        planned.append(_fault(rng, round(at, 3), _pick(rng, {k: WEIGHTS[k] for k in kinds}),
-                              lease))
+    for kind in _kinds_drawn(rng, kinds, faults, each):
+        planned.append(_fault(rng, round(at, 3), kind, lease))
         at += rng.uniform(0.2, 0.8)
     chaos = round(at + 0.5, 3)
     submissions = sorted(

@@ -4,9 +4,11 @@ chaos app, its output in files, and judged by how it ended (check E of the oracl
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,18 +88,49 @@ class Spawner:
         self.count = 0
 
     def start(self, role: str, args: list[str], failpoint: str | None = None,
-              **note: Any) -> Proc:
+              skew: str | None = None, url: str | None = None, **note: Any) -> Proc:
+        """``url``: another way to the same ledger (the lost-acknowledgement proxy)."""
         self.count += 1
-        name = f"{role}-{self.count}"
+        name = f"{role}-{self.count}" + ("-skewed" if skew else "")
         env = dict(self.env)
         if failpoint:
             env["WORKLEDGER_FAILPOINTS"] = failpoint
-        argv = [sys.executable, "-m", "workledger.cli", "--db", self.url, "--app", APP, *args]
+        if skew:
+            env.update(faketime_env(skew))
+        argv = [sys.executable, "-m", "workledger.cli", "--db", url or self.url, "--app", APP,
+                *args]
         out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
         with open(out, "wb") as o, open(err, "wb") as e:
             popen = subprocess.Popen(argv, stdout=o, stderr=e, env=env,
                                      stdin=subprocess.DEVNULL, cwd=self.folder)
         return Proc(role, name, argv, popen, out, err, failpoint, note=note)
+
+
+def faketime_library() -> str | None:
+    """Debian's libfaketime (package ``libfaketime``, pulled in by ``faketime``), if installed."""
+    if shutil.which("faketime") is None:
+        return None
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+                   + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    return found[0] if found else None
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """What ``faketime -f OFFSET`` sets for the program it runs, set here directly: the
+    ``faketime`` wrapper forks and waits, so its pid would not be the worker's, and a SIGKILL or
+    SIGSTOP meant for the worker would stop only the wrapper.
+
+    Only the wall clock is skewed, as on a host whose clock is wrong: libfaketime would move
+    the monotonic clock too, and then every timed wait (a deadline computed on the moved clock,
+    waited for by the kernel on the real one) lasts minutes longer or returns at once, which
+    no real host does."""
+    library = faketime_library()
+    if library is None:
+        raise RuntimeError("faketime is not installed (Debian: apt-get install faketime)")
+    site = str(CHAOS_DIR / "faketime_site")  # time.sleep that works under libfaketime
+    path = os.environ.get("PYTHONPATH")
+    return {"LD_PRELOAD": library, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [site, str(CHAOS_DIR), path]))}
 
 
 def round_env(sink: Path, control: Path) -> dict[str, str]:

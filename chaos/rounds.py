@@ -28,11 +28,13 @@ from oracle import Violation
 from plan import RoundPlan, RunPlan
 from processes import Exit, Proc, Spawner, count_errors, judge, round_env, submission_of
 from target import Slot
+from proxy import CommitCutter
 
 TICK = 0.02
 SNAPSHOT_EVERY = 0.5
 ARMED_GRACE = 4.0  # seconds an armed failpoint may still fire after the last planned fault
 LIVENESS_SLACK = 30.0  # a run settles within the lease and this many seconds of the last fault
+WAL_LIMIT_MIB = 64.0  # the stated bound on a SQLite ledger's WAL (check W); --wal-limit-mib
 
 
 @dataclass
@@ -52,17 +54,32 @@ class RoundResult:
     url: str
     waited_for: str = ""  # what recovery was still waiting for, last time it looked
     killed_roles: Counter[str] = field(default_factory=Counter)
+    wal_max: int = 0  # the largest SQLite WAL seen, bytes
+    hooks_slowed: int = 0  # slow-hook tokens a hook really took
 
 
 class Round:
-    def __init__(self, plan: RoundPlan, backend: Any, workdir: Path, hang_seconds: float) -> None:
+    def __init__(self, plan: RoundPlan, backend: Any, workdir: Path, hang_seconds: float,
+                 wal_limit_mib: float = WAL_LIMIT_MIB,
+                 liveness_slack: float = LIVENESS_SLACK) -> None:
         self.plan, self.backend, self.hang_seconds = plan, backend, hang_seconds
+        self.wal_limit = int(wal_limit_mib * 2**20)
+        self.settle_bound = plan.lease + liveness_slack
+        self.wal_max = 0
+        self.cuts_counted = 0
+        self.refuse_end = 0.0  # monotonic: the downstream refuses until then
         self.folder = workdir / f"round-{plan.number}"
         self.control = self.folder / "control"
         self.control.mkdir(parents=True, exist_ok=True)
         self.sink = self.folder / "sink.db"
         sinkmod.create(str(self.sink))
         self.url = backend.new_round(plan.number)
+        # lost acknowledgements: in a round that draws them, the first supervised worker, the
+        # sweeper and the submitters reach PostgreSQL through a proxy that can cut a connection
+        # right after a COMMIT (the other processes, and the oracle, go direct: the proxy costs
+        # a round trip's worth of the campaign's CPU)
+        self.proxy = CommitCutter(backend.server.port) \
+            if any(f.kind == "lost_ack" for f in plan.faults) else None
         self.spawner = Spawner(self.url, self.folder, round_env(self.sink, self.control))
         self.db = Db(self.url)
         self.procs: list[Proc] = []
@@ -77,9 +94,10 @@ class Round:
         self._lock = threading.Lock()
         work = ["worker", "--lease", f"{plan.lease:g}", "--chunk", str(plan.chunk),
                 "--concurrency", str(plan.concurrency)]
-        self.worker_slots = [Slot("worker", work) for _ in range(plan.workers)]
+        self.worker_slots = [Slot("worker", work, proxied=i == 0)
+                             for i in range(plan.workers)]
         self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1", "--lease",
-                                              f"{plan.lease:g}"])
+                                              f"{plan.lease:g}"], proxied=True)
         self.running = True
         self.t0 = time.monotonic()
         self.waiting_for = ""  # what recovery still waits for, as last seen
@@ -100,13 +118,15 @@ class Round:
                     self.killed_roles[f"{kind}:{role}"] += 1
             self.last_fault_end = max(self.last_fault_end, end)
 
-    def start_worker(self, failpoint: str | None = None) -> Proc:
-        return self._spawn("worker", self.worker_slots[0].args, failpoint)
+    def start_worker(self, failpoint: str | None = None, skew: str | None = None) -> Proc:
+        """A worker besides the supervised ones: one carrying a failpoint, or one whose clock
+        is off by ``skew`` (faketime's offset, such as ``-7m``)."""
+        return self._spawn("worker", self.worker_slots[0].args, failpoint, skew=skew)
 
     def submit(self, run: RunPlan, key: str, variant: int, failpoint: str | None = None) -> None:
         payload = json.dumps(run.payload(variant))
         self._spawn("submitter", ["submit", run.job, "--payload", payload, "--key", key,
-                                  "--json"], failpoint, key=key, variant=variant)
+                                  "--json"], failpoint, proxied=True, key=key, variant=variant)
 
     def operate(self, args: list[str], failpoint: str | None = None) -> Proc:
         return self._spawn("operator", [*args, "--note", "chaos"] if args[0] != "reconcile"
@@ -119,12 +139,19 @@ class Round:
             return None
         return int(rows[0][0]) if rows else None
 
+    def refuse_for(self, seconds: float) -> None:
+        """The downstream refuses for ``seconds`` (the tick ends it)."""
+        self.refuse_end = max(self.refuse_end, time.monotonic() + seconds)
+        (self.control / "refusing").touch()
+
     def _spawn(self, role: str, args: list[str], failpoint: str | None = None,
-               **note: Any) -> Proc:
-        proc = self.spawner.start(role, args, failpoint, **note)
+               skew: str | None = None, proxied: bool = False, **note: Any) -> Proc:
+        url = self.proxy.url(self.url) if proxied and self.proxy is not None else None
+        proc = self.spawner.start(role, args, failpoint, skew, url, **note)
         self.procs.append(proc)
         self.log(f"start {proc.name} pid {proc.popen.pid}: {' '.join(args[:4])}"
-                 + (f" [failpoint {failpoint}]" if failpoint else ""))
+                 + (f" [failpoint {failpoint}]" if failpoint else "")
+                 + (f" [faketime {skew}]" if skew else ""))
         return proc
 
     def log(self, line: str) -> None:
@@ -147,6 +174,8 @@ class Round:
             recovery, stuck = self._recover()
         finally:
             self._stop()
+            if self.proxy is not None:
+                self.proxy.close()
         return self._judge(recovery, stuck, time.monotonic() - began)
 
     def _chaos(self) -> None:
@@ -180,6 +209,8 @@ class Round:
         self._wait(lambda: not any(p.failpoint and p.alive for p in self.procs)
                    and not self.sweeper_slot.failpoint, ARMED_GRACE)
         self.sweeper_slot.failpoint = None
+        if self.proxy is not None:
+            self.proxy.disarm()  # an armed cut that found no COMMIT is not a fault
         for p in self.procs:
             if p.failpoint and p.alive and p.role == "worker":
                 p.stopping = True
@@ -195,7 +226,7 @@ class Round:
         self._wait(lambda: not self.live("operator"), 60.0)
 
     def _recover(self) -> tuple[float | None, list[str]]:
-        deadline = self.last_fault_end + self.plan.lease + LIVENESS_SLACK
+        deadline = self.last_fault_end + self.settle_bound
         stuck: list[str] = ["never checked"]
         checked = 0.0
         while True:
@@ -237,6 +268,9 @@ class Round:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        if self.refuse_end and now >= self.refuse_end:
+            self.refuse_end = 0.0
+            (self.control / "refusing").unlink(missing_ok=True)
         for p in self.procs:
             if p.stopped_until is not None and now >= p.stopped_until:
                 p.signal(signal.SIGCONT)
@@ -247,8 +281,14 @@ class Round:
         if self.running:
             for slot in [*self.worker_slots, self.sweeper_slot]:
                 self._keep(slot, now)
+        if self.proxy is not None and self.proxy.cuts > self.cuts_counted:
+            self.cuts_counted += 1
+            self.log("lost_ack: a COMMIT went through, its acknowledgement was cut")
+            self.counted("lost_ack", now)
         if now - self._snapped >= SNAPSHOT_EVERY:
             self._snapped = now
+            if self.db.sqlite:
+                self.wal_max = max(self.wal_max, self.db.wal_bytes())
             try:
                 self.one_way.observe(self.db)
             except Unreachable:
@@ -262,7 +302,7 @@ class Round:
             slot.backoff = 0.2 if clean or lived > 2.0 else min(slot.backoff * 2, 1.6)
             slot.start_at, slot.proc = now + slot.backoff, None
         if slot.proc is None and now >= slot.start_at:
-            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint)
+            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint, proxied=slot.proxied)
 
     def _reaped(self, p: Proc, now: float) -> None:
         ended = judge(p)
@@ -274,6 +314,8 @@ class Round:
             self.counted("failpoint", now, p.role)
             if self.sweeper_slot.failpoint == p.failpoint and p.role == "sweeper":
                 self.sweeper_slot.failpoint = None
+        if p.note.get("choice") and p.popen.returncode in (1, 2):
+            sinkmod.refused(str(self.sink), p.note["choice"])
         if p.role == "submitter":
             found = submission_of(p)
             if found is not None:
@@ -298,7 +340,10 @@ class Round:
         if run_id is None:
             return  # not submitted yet: nothing to operate on
         if op.command != "resolve":
-            self.operate([op.command, str(run_id)])
+            choice = None
+            if op.command == "retry":  # a person's choice: what it redrives may run again
+                choice = sinkmod.choose(str(self.sink), f"{run_id}/*", "retry")
+            self.operate([op.command, str(run_id)]).note["choice"] = choice
             return
         doubtful = self._rows(
             "SELECT stage, seq FROM wl_items WHERE run_id = %s AND state = 'unknown'"
@@ -311,16 +356,18 @@ class Round:
             as_state = "processed"
         else:
             as_state = "pending" if op.choice < 0.8 else "failed"
+        choice = sinkmod.choose(str(self.sink), f"{run_id}/{stage}/{seq}", "resolve pending") \
+            if as_state == "pending" else None
         self.operate(["resolve", str(run_id), "--stage", stage, "--item", str(seq),
-                      "--as", as_state])
+                      "--as", as_state]).note["choice"] = choice
 
     # -- judging -----------------------------------------------------------------------------
 
     def _judge(self, recovery: float | None, stuck: list[str], seconds: float) -> RoundResult:
-        violations: list[Violation] = []
-        if recovery is None:
-            violations += [Violation("V", f"not settled within lease + {LIVENESS_SLACK:g} s of "
-                                          f"the last fault: {s}") for s in stuck[:10]]
+        violations = oracle.check_settled(recovery, stuck, self.settle_bound)
+        if self.db.sqlite:
+            self.wal_max = max(self.wal_max, self.db.wal_bytes())
+            violations += oracle.check_wal(self.wal_max, self.wal_limit)
         check = self.spawner.start("oracle", ["reconcile", "--all", "--dry-run", "--json"])
         check.popen.wait(120)
         self.exits.append(judge(check))
@@ -341,11 +388,14 @@ class Round:
         self.one_way.observe(self.db)
         facts = oracle.read_facts(self.db)
         view = sinkmod.read(str(self.sink))
+        died = frozenset(p.popen.pid for p in self.procs
+                         if p.popen.returncode in (-signal.SIGKILL, 137))
         violations += self.one_way.check(facts)
-        violations += oracle.check(facts, view, self.plan, self.acknowledged)
+        violations += oracle.check(facts, view, self.plan, self.acknowledged, died)
         self.db.close()
         return RoundResult(self.plan.number, self.faults, self.armed, len(facts.items),
-                           view.total_effects, oracle.duplicates(facts, view), violations,
+                           view.total_effects, oracle.duplicates(facts, view, died), violations,
                            recovery, count_errors(self.exits), len(self.procs) + 1, seconds,
                            self.folder, self.url, self.waiting_for,
-                           self.killed_roles)
+                           self.killed_roles, self.wal_max,
+                           len(list(self.control.glob("taken.*.slowhook-*"))))

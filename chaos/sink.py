@@ -6,7 +6,11 @@ table is keyed by ``ctx.idempotency_key`` (``run/stage/seq``) and append-only:
 - ``starts``: one row per handler execution that began;
 - ``effects``: one row per execution that performed its effect (no unique constraint: a
   duplicate effect shows as two rows);
-- ``effects_dedup``: the effect as an idempotent downstream would keep it, once per key.
+- ``effects_dedup``: the effect as an idempotent downstream would keep it, once per key;
+- ``choices``: what the person at the console chose that allows an effect again (``resolve
+  --as pending`` of an item, ``retry`` of a run), with the last effect's id at that moment:
+  effect ids are one sequence, so the oracle tells "chosen after the first effect" without
+  reading anyone's clock (a worker under faketime has a wrong one).
 
 The oracle (oracle.py) reads it with plain SQL; nothing here imports workledger.
 """
@@ -18,7 +22,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = """
@@ -29,6 +33,9 @@ CREATE TABLE IF NOT EXISTS effects (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, token INTEGER, attempt INTEGER,
     pid INTEGER NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS effects_dedup (key TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS choices (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL, what TEXT NOT NULL,
+    after_effect INTEGER NOT NULL, at REAL NOT NULL, refused INTEGER NOT NULL DEFAULT 0);
 """
 
 
@@ -87,6 +94,43 @@ class Sink:
         return row.fetchone() is not None
 
 
+def choose(path: str, key: str, what: str) -> int:
+    """Record a person's choice (``key``: ``run/stage/seq``, or ``run/*`` for a whole run)
+    before the command that carries it out starts: every effect after it may follow from it.
+    Returns the choice's id, for :func:`refused`."""
+    conn = connect(path)
+    try:
+        cursor = conn.execute("INSERT INTO choices (key, what, after_effect, at)"
+                              " SELECT ?, ?, coalesce(max(id), 0), ? FROM effects",
+                              (key, what, time.time()))
+        return int(cursor.lastrowid or 0)
+    finally:
+        conn.close()
+
+
+def refused(path: str, choice: int) -> None:
+    """The command of a choice ended with a one-line refusal: it changed nothing, so it allows
+    nothing (a command killed midway may have committed: its choice stands)."""
+    conn = connect(path)
+    try:
+        conn.execute("UPDATE choices SET refused = 1 WHERE id = ?", (choice,))
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Effect:
+    id: int  # the sink's sequence: the order effects happened in
+    pid: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str  # run/stage/seq, or run/* (a retry of the whole run)
+    what: str  # "resolve pending" | "retry"
+    after_effect: int  # the last effect's id when the person chose
+
+
 @dataclass(frozen=True)
 class SinkView:
     """What the sink holds, per idempotency key."""
@@ -94,6 +138,8 @@ class SinkView:
     starts: Counter[str]
     effects: Counter[str]
     dedup: frozenset[str]
+    history: dict[str, list[Effect]] = field(default_factory=dict)  # key -> effects, in order
+    choices: list[Choice] = field(default_factory=list)
 
     @property
     def total_effects(self) -> int:
@@ -106,9 +152,14 @@ def read(path: str) -> SinkView:
         starts = Counter(k for (k,) in conn.execute("SELECT key FROM starts"))
         effects = Counter(k for (k,) in conn.execute("SELECT key FROM effects"))
         dedup = frozenset(k for (k,) in conn.execute("SELECT key FROM effects_dedup"))
+        history: dict[str, list[Effect]] = {}
+        for key, effect_id, pid in conn.execute("SELECT key, id, pid FROM effects ORDER BY id"):
+            history.setdefault(key, []).append(Effect(effect_id, pid))
+        choices = [Choice(*row) for row in conn.execute(
+            "SELECT key, what, after_effect FROM choices WHERE refused = 0 ORDER BY id")]
     finally:
         conn.close()
-    return SinkView(starts, effects, dedup)
+    return SinkView(starts, effects, dedup, history, choices)
 
 
 def effect_keys(path: str) -> set[str]:

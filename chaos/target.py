@@ -25,6 +25,7 @@ class Slot:
     start_at: float = 0.0
     backoff: float = 0.2
     failpoint: str | None = None
+    proxied: bool = False  # through the lost-acknowledgement proxy, when the round has one
 
 
 class Target(Protocol):
@@ -38,13 +39,15 @@ class Target(Protocol):
     sweeper_slot: Slot
     armed: int  # failpoints carried by processes started for them
     threads: list[threading.Thread]  # joined when the round stops
+    proxy: Any  # proxy.py's CommitCutter, in a round that loses acknowledgements; else None
+    refuse_for: Any
 
     def live(self, role: str) -> list[Proc]: ...
 
     def counted(self, kind: str, end: float, role: str | None = None,
                 count: bool = True) -> None: ...
 
-    def start_worker(self, failpoint: str | None = None) -> Proc: ...
+    def start_worker(self, failpoint: str | None = None, skew: str | None = None) -> Proc: ...
 
     def submit(self, run: RunPlan, key: str, variant: int,
                failpoint: str | None = None) -> None: ...

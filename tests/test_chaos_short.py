@@ -1,16 +1,20 @@
 """The short tier of the fault campaign (chaos/campaign.py, chaos/README.md): about 60 faults
-per backend, from a fixed seed, on real processes; every round checked by the oracle of
-docs/reliability.md. Also: the oracle itself fails on a ledger that breaks the promise, so a
-clean campaign means something."""
+per backend, from a fixed seed, on real processes, every round drawing each fault kind issue 21
+added at least once; every round checked by the oracle of docs/reliability.md. Also: the oracle
+itself fails on a ledger that breaks the promise, and on fabricated histories with each
+violation the strict checks are there for, so a clean campaign means something."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +23,22 @@ pytestmark = pytest.mark.concurrency
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "chaos" / "campaign.py"
 SEED = int(os.environ.get("WORKLEDGER_CHAOS_SEED", "20261201"))
+sys.path.insert(0, str(CAMPAIGN.parent))
+try:
+    import oracle
+    import plan as chaos_plan
+    from sink import Choice, Effect, SinkView
+finally:
+    sys.path.remove(str(CAMPAIGN.parent))
+
+
+def faketime_or_skip() -> None:
+    """The skew fault needs Debian's faketime; .ci/run installs it, so CI requires it."""
+    if shutil.which("faketime") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("faketime is not installed: .ci/run installs it (apt-get install "
+                        "faketime); the campaign's skew fault needs it")
+        pytest.skip("faketime is not installed (apt-get install faketime)")
 
 
 def campaign(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -30,8 +50,11 @@ def campaign(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[st
 def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
     if backend == "postgres":
         pytest.importorskip("psycopg")
+    if backend == "sqlite":
+        faketime_or_skip()
     done = campaign("--backend", backend, "--kills", "60", "--faults-per-round", "15",
-                    "--seed", str(SEED), "--json", "--workdir", str(tmp_path))
+                    "--each-kind", "--seed", str(SEED), "--json", "--workdir", str(tmp_path),
+                    timeout=900)
     assert done.stdout.splitlines(), done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["violations"] == [], done.stdout[-6000:]
@@ -39,6 +62,12 @@ def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
     assert summary["seed"] == SEED and summary["kills"] >= 60
     assert summary["faults"].get("kill", 0) > 0 and summary["items"] > 0
     assert summary["effects"] > 0 and summary["recovery_p99"] is not None
+    drawn = chaos_plan.kinds_for(backend, True)
+    wanted = [k for k in chaos_plan.NEW_KINDS if k in drawn]
+    assert {k for k in wanted if not summary["faults"].get(k)} == set(), summary["faults"]
+    assert summary["hooks_slowed"] > 0, "no closing or verify hook outlived its lease"
+    if backend == "sqlite":
+        assert 0 < summary["wal_max_mib"] <= summary["wal_limit_mib"]
 
 
 def test_the_oracle_finds_a_ledger_that_broke_the_promise(tmp_path: Path) -> None:
@@ -46,14 +75,12 @@ def test_the_oracle_finds_a_ledger_that_broke_the_promise(tmp_path: Path) -> Non
     a processed item back to pending, a counter off by one, an effect that ran twice."""
     sys.path.insert(0, str(CAMPAIGN.parent))
     try:
-        import oracle
         import sink
-        from backend import Db
+        from backend import Db, SqliteBackend
         from plan import kinds_for, plan_round
         from rounds import Round
     finally:
         sys.path.remove(str(CAMPAIGN.parent))
-    from backend import SqliteBackend
 
     plan = plan_round(SEED, 1, kinds_for("sqlite", False), faults=4)
     result = Round(plan, SqliteBackend(tmp_path), tmp_path, 1.0).run()
@@ -75,3 +102,113 @@ def test_the_oracle_finds_a_ledger_that_broke_the_promise(tmp_path: Path) -> Non
     assert {"L", "D", "R"} <= found, found
     assert oracle.unsettled(db), "a pending item in an open run is not settled"
     db.close()
+
+
+# -- the strict checks, on fabricated histories ---------------------------------------------------
+
+RELAY = {"id": 1, "job": "relay", "key": "r1-0", "payload": {"units": 1, "skip_every": 0},
+         "decomposed": True, "cancelled": False, "paused": False, "complete": True,
+         "error": None, "total": 1, "processed": 1, "failed": 0, "skipped": 0}
+
+
+def facts_of(*items: tuple[Any, ...], events: dict[int, Counter[str]] | None = None,
+             ) -> oracle.Facts:
+    return oracle.Facts({1: RELAY}, list(items), events or {}, {})
+
+
+def sink_of(history: dict[str, list[Effect]], choices: tuple[Choice, ...] = ()) -> SinkView:
+    effects = Counter({k: len(v) for k, v in history.items()})
+    return SinkView(Counter(effects), effects, frozenset(history), history, list(choices))
+
+
+DELIVER = (7, 1, "deliver", 0, "processed", None)
+TWICE = {"1/deliver/0": [Effect(3, 100), Effect(9, 200)]}
+
+
+def test_an_effect_run_twice_is_a_violation_whatever_states_the_item_went_through() -> None:
+    """The item went through unknown and was verified (what the old oracle excused), but no
+    person chose to run it again: a verify hook asked while the first handler still ran."""
+    facts = facts_of(DELIVER, events={7: Counter(unknown=1, verified=1, lease_expired=1)})
+    found = oracle.check_duplicates(facts, sink_of(TWICE))
+    assert [v.check for v in found] == ["D"], found
+    assert "no person chose it" in found[0].what
+    assert oracle.duplicates(facts, sink_of(TWICE)) == {"unexplained": 1}
+
+
+def test_an_effect_run_again_after_a_person_chose_pending_or_retry_is_not() -> None:
+    facts = facts_of(DELIVER)
+    for choice in (Choice("1/deliver/0", "resolve pending", 3), Choice("1/*", "retry", 5)):
+        assert oracle.check_duplicates(facts, sink_of(TWICE, (choice,))) == [], choice
+        assert oracle.duplicates(facts, sink_of(TWICE, (choice,))) == {"chosen": 1}
+
+
+def test_a_choice_made_before_the_first_effect_does_not_allow_a_second() -> None:
+    """resolve --as pending while the first handler still ran: its late effect and the rerun's
+    are two, and the person never chose the second."""
+    facts = facts_of(DELIVER)
+    for choice in (Choice("1/deliver/0", "resolve pending", 2),  # before effect 3
+                   Choice("1/deliver/1", "resolve pending", 5),  # another item
+                   Choice("2/*", "retry", 5)):  # another run
+        found = oracle.check_duplicates(facts, sink_of(TWICE, (choice,)))
+        assert [v.check for v in found] == ["D"], (choice, found)
+
+
+def test_a_closing_hook_run_twice_for_one_completion_is_a_violation() -> None:
+    close = (8, 1, "@close", 0, "processed", None)
+    twice = {"1/@close/0": [Effect(4, 100), Effect(6, 200)]}
+    found = oracle.check_duplicates(facts_of(close), sink_of(twice))
+    assert [v.check for v in found] == ["D"] and "closing hook" in found[0].what, found
+    # its process died after the effect (closing.after_hook): the hook is run again, by design
+    assert oracle.check_duplicates(facts_of(close), sink_of(twice), frozenset({100})) == []
+    # a person retried the run's failed @close entry: a second completion of the closing entry
+    assert oracle.check_duplicates(facts_of(close), sink_of(twice, (Choice("1/*", "retry", 4),))) \
+        == []
+    # the idempotent stage may repeat as it likes
+    prepare = (9, 1, "prepare", 0, "processed", None)
+    assert oracle.check_duplicates(
+        facts_of(prepare), sink_of({"1/prepare/0": [Effect(1, 1), Effect(2, 2)]})) == []
+
+
+def test_a_run_not_settled_within_the_stated_bound_is_a_violation() -> None:
+    assert oracle.check_settled(31.9, [], 32.0) == []
+    late = oracle.check_settled(None, ["run 2: 1 @close claimed"], 32.0)
+    assert [v.check for v in late] == ["V"] and "run 2: 1 @close claimed" in late[0].what
+    assert [v.check for v in oracle.check_settled(40.0, [], 32.0)] == ["V"]
+
+
+def test_a_wal_over_the_stated_bound_is_a_violation() -> None:
+    limit = 64 * 2**20
+    assert oracle.check_wal(limit, limit) == []
+    over = oracle.check_wal(limit + 1, limit)
+    assert [v.check for v in over] == ["W"] and "64 MiB" in over[0].what
+
+
+def test_every_new_kind_is_drawn_when_each_kind_is_asked_for() -> None:
+    for backend in ("sqlite", "postgres"):
+        kinds = chaos_plan.kinds_for(backend, True)
+        for number in range(1, 6):
+            planned = chaos_plan.plan_round(SEED, number, kinds, 15, 2.0, chaos_plan.NEW_KINDS)
+            drawn = {f.kind for f in planned.faults}
+            assert {k for k in chaos_plan.NEW_KINDS if k in kinds} <= drawn, (backend, drawn)
+    assert "skew" not in chaos_plan.kinds_for("postgres", True)
+    assert "lost_ack" not in chaos_plan.kinds_for("sqlite", True)
+
+
+def test_a_refused_choice_allows_nothing(tmp_path: Path) -> None:
+    """The sink records a choice before its command starts; a command that was refused (exit 1
+    with one line: the item was no longer unknown) changed nothing, so allows no second effect."""
+    sys.path.insert(0, str(CAMPAIGN.parent))
+    try:
+        import sink
+    finally:
+        sys.path.remove(str(CAMPAIGN.parent))
+    path = str(tmp_path / "sink.db")
+    sink.create(path)
+    writer = sink.Sink(path)
+    writer.effect("1/deliver/0", 1, 1)
+    kept = sink.choose(path, "1/deliver/0", "resolve pending")
+    writer.effect("1/deliver/0", 2, 1)
+    assert oracle.check_duplicates(facts_of(DELIVER), sink.read(path)) == []
+    sink.refused(path, kept)
+    found = oracle.check_duplicates(facts_of(DELIVER), sink.read(path))
+    assert [v.check for v in found] == ["D"], found
