@@ -180,6 +180,7 @@ def print_table(s: dict[str, Any]) -> None:
              ("  repeated close, its process died",
               f"{s['repeated_effects'].get('close_rerun_after_death', 0):,}"),
              ("  repeated, nobody chose it", f"{s['repeated_effects'].get('unexplained', 0):,}"),
+             ("  late, fenced out downstream", f"{s['repeated_effects'].get('fenced', 0):,}"),
              ("slow hooks that ran slow", f"{s['hooks_slowed']:,}"),
              ("processes started", f"{s['processes']:,}"),
              ("recovery p50", seconds(s["recovery_p50"])),

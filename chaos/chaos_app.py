@@ -105,10 +105,14 @@ def split(payload: dict[str, Any]) -> Any:
 
 
 def delivered(item: Any, ctx: Any) -> str:
-    """The verify hook: a downstream that is down cannot be asked (the item goes to a person)."""
+    """The verify hook: a downstream that is down cannot be asked (the item goes to a person).
+    It fences the downstream at the item's token before it looks, as docs/reliability.md
+    recommends: a handler of that token still running (its worker paused while its session was
+    cut) can then no longer make its effect after the answer ``not_done``."""
     if refusing():
         raise ConnectionRefusedError("downstream refuses (chaos): cannot tell")
     _maybe_slow_hook("verify")
+    SINK.fence(ctx.idempotency_key, ctx.lease_token)
     return "done" if SINK.has_effect(ctx.idempotency_key) else "not_done"
 
 

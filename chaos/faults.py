@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 
+import sink as sinkmod
 from backend import Db
 from plan import Fault
 from processes import Proc
@@ -153,6 +154,8 @@ def _terminate(rnd: Target, fault: Fault) -> str:
         return "later"
     if n == 0:
         return "later"
+    now = time.time()
+    sinkmod.cut(str(rnd.sink), "pg_terminate", now, now)
     rnd.counted("pg_terminate", time.monotonic())
     return "done"
 
@@ -162,9 +165,11 @@ def _restart(rnd: Target, fault: Fault) -> str:
         return "later"
 
     def restart() -> None:
+        began = time.time()
         try:
             rnd.backend.restart(fault.mode, fault.duration)
         finally:
+            sinkmod.cut(str(rnd.sink), "pg_restart", began, time.time())
             rnd.counted("pg_restart", time.monotonic(), count=False)
 
     rnd.counted("pg_restart", time.monotonic() + fault.duration)

@@ -174,7 +174,24 @@ def check(facts: Facts, view: SinkView, plan: RoundPlan, acknowledged: list[dict
           died: frozenset[int] = frozenset()) -> list[Violation]:
     """``died``: pids of the round's processes that were killed or died at a failpoint."""
     return (check_lost(facts, plan, acknowledged) + check_duplicates(facts, view, died)
-            + check_projection(facts))
+            + check_fenced(view) + check_projection(facts))
+
+
+def check_fenced(view: SinkView) -> list[Violation]:
+    """D, the other half: an effect the downstream's fence refused was a handler still running
+    while its item was verified or resolved. That may happen only to a holder that looked gone
+    because its PostgreSQL session ended while the handler ran (a terminated session, a
+    restart: docs/reliability.md, "Clocks"); the fence is what kept its effect from happening
+    twice. Anywhere else (every refusal on SQLite, where a live holder keeps its file locked)
+    the ledger took an item from a live holder."""
+    found: list[Violation] = []
+    for r in view.refusals:
+        if any(start <= r.at and until >= r.started for start, until in view.cuts):
+            continue
+        found.append(Violation("D", f"{r.key}: the effect of token {r.token} (pid {r.pid}) was "
+                                    "fenced out: its item was verified or resolved while its "
+                                    "handler still ran, and nothing had ended its session"))
+    return found
 
 
 def check_settled(recovery: float | None, stuck: list[str], bound: float) -> list[Violation]:
@@ -309,6 +326,8 @@ def duplicates(facts: Facts, view: SinkView,
             why = _why_again(key, item[2], prev, nxt, view.choices, died)
             out["unexplained" if why is None else
                 "close_rerun_after_death" if why.startswith("the hook") else "chosen"] += 1
+    if view.refusals:  # late effects a fence refused (check_fenced says when they may be)
+        out["fenced"] += len(view.refusals)
     return dict(out)
 
 

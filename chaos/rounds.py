@@ -346,12 +346,15 @@ class Round:
             self.operate([op.command, str(run_id)]).note["choice"] = choice
             return
         doubtful = self._rows(
-            "SELECT stage, seq FROM wl_items WHERE run_id = %s AND state = 'unknown'"
+            "SELECT stage, seq, lease_token FROM wl_items WHERE run_id = %s AND state = 'unknown'"
             " AND error <> %s ORDER BY id", (run_id, oracle.AWAITING_VERIFY))
         if not doubtful:
             return
-        stage, seq = doubtful[int(op.pick * len(doubtful))]
-        # a careful person looks downstream first: done if the effect is there
+        stage, seq, token = doubtful[int(op.pick * len(doubtful))]
+        # a careful person fences the downstream at the item's token (docs/reliability.md), so
+        # that a handler of it still running cannot make its effect later, then looks: done if
+        # the effect is there
+        sinkmod.fence(str(self.sink), f"{run_id}/{stage}/{seq}", int(token or 0))
         if f"{run_id}/{stage}/{seq}" in sinkmod.effect_keys(str(self.sink)):
             as_state = "processed"
         else:

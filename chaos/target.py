@@ -35,6 +35,7 @@ class Target(Protocol):
     backend: Any  # backend.py's SqliteBackend or PostgresBackend: up, terminate, restart
     url: str
     control: Path  # files the chaos app reads: refuse_until, hang.N
+    sink: Path  # the effects sink (sink.py): where a fault that cuts sessions is recorded
     hang_seconds: float
     sweeper_slot: Slot
     armed: int  # failpoints carried by processes started for them

@@ -8,7 +8,9 @@ Run as a script, this file is one worker process::
 Job ``late``, payload ``{"n": N}``: items ``k0..k{N-1}`` of one stage ``send``, whose handler
 logs ``start``, sleeps ``--effect-at`` seconds, logs ``effect`` (the non-idempotent effect) and
 returns. ``--verify`` gives the stage a hook that answers ``done`` exactly when the item's
-effect is in the log. ``--hook-for S`` gives the job a closing hook (3 attempts at most)
+effect is in the log; with ``--fence`` the hook first fences the log at the item's lease token
+(docs/reliability.md, "Clocks"), and an effect of a fenced-out token is logged as ``refused``
+instead. ``--hook-for S`` gives the job a closing hook (3 attempts at most)
 that logs ``close`` and takes S seconds, or kills its process inside it (``hook_crash``).
 Each log line is ``<what> <key or run> <lease token> <pid> <time>``, written with one
 ``write`` on a file opened for appending, so lines of several processes never mix.
@@ -49,6 +51,32 @@ def read_log(path: str | os.PathLike[str]) -> list[tuple[str, str, int, int, flo
     return rows
 
 
+def fenced_write(path: str | os.PathLike[str], key: str, token: int) -> bool:
+    """The effect, unless ``key`` is fenced at or above ``token`` (then ``refused`` is logged):
+    the check and the write under one lock, as a fencing downstream does it."""
+    import fcntl
+
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fence = Path(f"{path}.fence.{key}")
+        if fence.exists() and token <= int(fence.read_text() or 0):
+            log_line(path, "refused", key, token)
+            return False
+        log_line(path, "effect", key, token)
+        return True
+
+
+def fence_at(path: str | os.PathLike[str], key: str, token: int) -> None:
+    """Refuse from now on every effect of ``key`` whose token is ``token`` or lower."""
+    import fcntl
+
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fence = Path(f"{path}.fence.{key}")
+        old = int(fence.read_text() or 0) if fence.exists() else 0
+        fence.write_text(str(max(old, token)))
+
+
 def effects(path: str | os.PathLike[str], what: str = "effect") -> dict[str, int]:
     """How many times each key's ``what`` happened."""
     seen: dict[str, int] = {}
@@ -62,7 +90,7 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
                  verify: bool = False, idempotent: bool = False, hook_for: float | None = None,
                  executor: str | None = None, max_attempts: int = 5,
                  hook_crash: bool = False, chdir: str | None = None,
-                 hook_timeout: float | None = None) -> Any:
+                 hook_timeout: float | None = None, fence: bool = False) -> Any:
     from workledger import Item, Ledger
 
     ledger = Ledger(url)
@@ -74,6 +102,8 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
             yield Item(key=f"k{i}", data={"i": i})
 
     def was_done(item: Any, ctx: Any) -> str:
+        if fence:
+            fence_at(log, item.key, ctx.lease_token)
         return "done" if effects(log).get(item.key) else "not_done"
 
     @job.stage(STAGE, idempotent=idempotent, timeout=timeout, max_attempts=max_attempts,
@@ -83,7 +113,11 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
         if chdir is not None:
             os.chdir(chdir)  # a handler that moves the process's working directory
         time.sleep(effect_at)
-        log_line(log, "effect", item.key, ctx.lease_token)
+        if fence:
+            if not fenced_write(log, item.key, ctx.lease_token):
+                raise RuntimeError(f"{item.key}: fenced out downstream")
+        else:
+            log_line(log, "effect", item.key, ctx.lease_token)
         return {"pid": os.getpid()}
 
     if hook_for is not None:
@@ -108,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--effect-at", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--verify", action="store_true")
+    p.add_argument("--fence", action="store_true")
     p.add_argument("--idempotent", action="store_true")
     p.add_argument("--hook-for", type=float, default=None)
     p.add_argument("--executor", default=None)
@@ -122,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ledger = build_ledger(a.url, log, effect_at=a.effect_at, timeout=a.timeout,
                           verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
                           executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir,
-                          hook_crash=a.hook_crash)
+                          hook_crash=a.hook_crash, fence=a.fence)
     if a.sweep:
         swept = ledger.sweep(lease=a.lease)
         print(swept.to_pending, swept.to_unknown, flush=True)

@@ -327,3 +327,66 @@ def test_a_stopped_holder_keeps_its_items_while_it_lives(
     worker.wait_ok(timeout=60)
     assert app.effects(log) == {"k0": 1}
     assert items_of(ledger, run_id)["k0"].state == "processed"
+
+
+def test_a_stopped_holder_whose_session_ended_is_fenced_out_by_a_verify_hook_that_fences(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """PostgreSQL: a worker SIGSTOPped mid-handler whose sessions are terminated meanwhile looks
+    gone (lease over, holder lock released), so its item is verified while its handler still
+    has its effect to make; nothing in the ledger can tell a paused process from a dead one.
+    Reproduced first: without a fence the item's effect happened twice. The defence
+    docs/reliability.md gives, a verify hook that fences the downstream at the item's lease
+    token, refuses the late effect: the effect happens once, and the item ends processed."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("SQLite: a stopped holder keeps its file locked (the test above)")
+    import psycopg
+
+    options = {"verify": True, "effect_at": 3.0, "fence": True}
+    ledger = make_ledger(**options)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=1.0, **options), name="w")
+    wait_until(lambda: app.read_log(log), "the handler to start")
+    worker.signal(signal.SIGSTOP)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                             " AND backend_type = 'client backend'").fetchone()
+    assert ended is not None and ended[0] > 0
+    time.sleep(2.5)  # past its lease
+    report = ledger.sweep(lease=1.0)
+    assert (report.to_unknown, report.verified) == (1, 1)  # it looked gone, and was asked
+    worker.signal(signal.SIGCONT)
+    worker.wait_ok(timeout=60)
+    assert app.effects(log) == {"k0": 1}
+    assert app.effects(log, "refused") == {"k0": 1}  # the paused handler's late effect
+    assert items_of(ledger, run_id)["k0"].state == "processed"
+
+
+def test_a_running_holder_retakes_its_lock_at_its_next_renewal_after_its_session_ended(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """PostgreSQL: a worker whose sessions were terminated while a long handler runs has its
+    holder lock back within a renewal period, not only at its next claim after the handler."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("the holder lock is PostgreSQL's")
+    import psycopg
+
+    from workledger.storage.postgres import HOLDER_LOCK
+
+    held = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+            " AND objsubid = 2 AND granted")
+    ledger = make_ledger(effect_at=8.0)
+    ledger.job(app.JOB).submit({"n": 1})
+    worker = spawn(app.command(db_url, log, lease=1.5, effect_at=8.0), name="w")
+    wait_until(lambda: app.read_log(log), "the handler to start")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(held, (HOLDER_LOCK,)).fetchone() == (1,)
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                     " AND backend_type = 'client backend'")
+        wait_until(lambda: conn.execute(held, (HOLDER_LOCK,)).fetchone() == (1,),
+                   "the holder lock to be taken again", timeout=4.0)
+        assert app.effects(log) == {}  # while the handler still runs
+    worker.wait_ok(timeout=60)
+    assert app.effects(log) == {"k0": 1}

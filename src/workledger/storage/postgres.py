@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,7 +33,7 @@ from workledger.storage import common, doubt
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.holders import new_holder_id
-from workledger.storage.port import ClaimedItem, ClaimParams, ItemsInsert
+from workledger.storage.port import ClaimedItem, ClaimParams, ItemsInsert, LeaseParams
 from workledger.storage.queries import queries
 
 CONNECT_TIMEOUT = 5
@@ -91,6 +92,16 @@ logging.getLogger("psycopg.pool").addFilter(_OnePerOutage())
 _SERVER_GONE = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown,
                 psycopg.errors.CannotConnectNow, psycopg.errors.IdleSessionTimeout,
                 psycopg.errors.IdleInTransactionSessionTimeout)
+
+
+def _ended(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle holder session was ended by the server: nothing is ever sent to it
+    unasked, so a readable socket is the server's goodbye (or EOF). No round trip."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
 
 class PostgresStore(LedgerStore[Conn]):
@@ -290,8 +301,10 @@ class PostgresStore(LedgerStore[Conn]):
             if holder not in self._holders:
                 return
             conn = self._holders[holder]
-            if conn is not None and not conn.closed and not conn.broken:
+            if conn is not None and not conn.closed and not conn.broken and not _ended(conn):
                 return
+            if conn is not None:
+                conn.close()
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True)
                 conn.execute(_HOLDER_KEEPALIVE)
@@ -308,6 +321,16 @@ class PostgresStore(LedgerStore[Conn]):
         if params.holder is not None:
             self._holder_session(params.holder)
         return super().items_claim(params)
+
+    def items_heartbeat(self, params: LeaseParams) -> int:
+        """Every renewal first retakes a holder lock whose session was ended (terminated, a
+        restart): a worker that runs long handlers claims seldom, and its expired leases are
+        taken back only while its lock is gone."""
+        with self._holders_lock:
+            holders = list(self._holders)
+        for holder in holders:
+            self._holder_session(holder)
+        return super().items_heartbeat(params)
 
     def unlead(self) -> None:
         with self._leader_lock:
