@@ -66,14 +66,14 @@ def _inject(rnd: Target, fault: Fault, index: int) -> str:
     raise ValueError(f"unknown fault kind {kind!r}")
 
 
-def _token(rnd: Round, name: str, text: str) -> None:
+def _token(rnd: Target, name: str, text: str) -> None:
     """A control file that appears whole: a hook never reads it half written."""
     draft = rnd.control / f"draft.{name}"
     draft.write_text(text)
     draft.rename(rnd.control / name)
 
 
-def _reader(rnd: Round, fault: Fault) -> str:
+def _reader(rnd: Target, fault: Fault) -> str:
     """A reader holding one transaction open (BEGIN; SELECT ...) for the fault's seconds, in a
     thread of the campaign: on SQLite no checkpoint can pass its snapshot meanwhile."""
     if not rnd.backend.up():
@@ -86,7 +86,7 @@ def _reader(rnd: Round, fault: Fault) -> str:
     return "done"
 
 
-def _read_long(rnd: Round, seconds: float) -> None:
+def _read_long(rnd: Target, seconds: float) -> None:
     db = Db(rnd.url, application="chaos-reader")
     try:
         db.hold_snapshot(seconds)

@@ -27,8 +27,8 @@ from faults import inject
 from oracle import Violation
 from plan import RoundPlan, RunPlan
 from processes import Exit, Proc, Spawner, count_errors, judge, round_env, submission_of
-from target import Slot
 from proxy import CommitCutter
+from target import Slot
 
 TICK = 0.02
 SNAPSHOT_EVERY = 0.5

@@ -27,7 +27,7 @@ sys.path.insert(0, str(CAMPAIGN.parent))
 try:
     import oracle
     import plan as chaos_plan
-    from sink import Choice, Effect, SinkView
+    from sink import Choice, Effect, Refusal, SinkView
 finally:
     sys.path.remove(str(CAMPAIGN.parent))
 
@@ -169,6 +169,23 @@ def test_a_closing_hook_run_twice_for_one_completion_is_a_violation() -> None:
         facts_of(prepare), sink_of({"1/prepare/0": [Effect(1, 1), Effect(2, 2)]})) == []
 
 
+def test_an_effect_fenced_out_downstream_is_a_violation_unless_a_session_was_ended_meanwhile(
+) -> None:
+    """A refused (fenced) effect means an item was verified or resolved while its handler
+    still ran: allowed only where the campaign ended sessions during that handler (a paused
+    PostgreSQL holder looks dead then); on SQLite, which has no such fault, always a violation."""
+    late = Refusal("1/deliver/0", 7, 300, started=100.0, at=104.0)
+    view = SinkView(Counter(), Counter(), frozenset(), refusals=[late])
+    found = oracle.check_fenced(view)
+    assert [v.check for v in found] == ["D"] and "fenced out" in found[0].what, found
+    for cut in ((102.0, 102.0), (99.0, 100.5), (103.9, 106.0)):  # during the handler
+        assert oracle.check_fenced(SinkView(Counter(), Counter(), frozenset(), refusals=[late],
+                                            cuts=[cut])) == [], cut
+    for cut in ((90.0, 99.0), (104.5, 104.5)):  # before it started, after its refusal
+        assert len(oracle.check_fenced(SinkView(Counter(), Counter(), frozenset(),
+                                                refusals=[late], cuts=[cut]))) == 1, cut
+
+
 def test_a_run_not_settled_within_the_stated_bound_is_a_violation() -> None:
     assert oracle.check_settled(31.9, [], 32.0) == []
     late = oracle.check_settled(None, ["run 2: 1 @close claimed"], 32.0)
@@ -212,3 +229,23 @@ def test_a_refused_choice_allows_nothing(tmp_path: Path) -> None:
     sink.refused(path, kept)
     found = oracle.check_duplicates(facts_of(DELIVER), sink.read(path))
     assert [v.check for v in found] == ["D"], found
+
+
+def test_the_sink_refuses_an_effect_fenced_out_and_records_it(tmp_path: Path) -> None:
+    sys.path.insert(0, str(CAMPAIGN.parent))
+    try:
+        import sink
+    finally:
+        sys.path.remove(str(CAMPAIGN.parent))
+    path = str(tmp_path / "sink.db")
+    sink.create(path)
+    s = sink.Sink(path)
+    s.start("1/deliver/0", 7, 1)
+    s.fence("1/deliver/0", 7)  # the verify hook, asked about the claim of token 7
+    with pytest.raises(sink.Fenced):
+        s.effect("1/deliver/0", 7, 1)  # the paused handler of that claim, resumed
+    s.effect("1/deliver/0", 9, 2)  # the rerun's later claim
+    view = sink.read(path)
+    assert view.effects == Counter({"1/deliver/0": 1})
+    assert [(r.key, r.token) for r in view.refusals] == [("1/deliver/0", 7)]
+    assert view.refusals[0].started > 0
