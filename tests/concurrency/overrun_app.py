@@ -90,7 +90,8 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
                  verify: bool = False, idempotent: bool = False, hook_for: float | None = None,
                  executor: str | None = None, max_attempts: int = 5,
                  hook_crash: bool = False, chdir: str | None = None,
-                 hook_timeout: float | None = None, fence: bool = False) -> Any:
+                 hook_timeout: float | None = None, fence: bool = False,
+                 hang_first: float | None = None) -> Any:
     from workledger import Item, Ledger
 
     ledger = Ledger(url)
@@ -112,7 +113,11 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
         log_line(log, "start", item.key, ctx.lease_token)
         if chdir is not None:
             os.chdir(chdir)  # a handler that moves the process's working directory
-        time.sleep(effect_at)
+        if hang_first is None:
+            time.sleep(effect_at)
+        else:  # in twenty steps: a handler resumed after SIGSTOP still runs a moment
+            for _ in range(20):
+                time.sleep((hang_first if item.key == "k0" else effect_at) / 20)
         if fence:
             if not fenced_write(log, item.key, ctx.lease_token):
                 raise RuntimeError(f"{item.key}: fenced out downstream")
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--verify", action="store_true")
     p.add_argument("--fence", action="store_true")
+    p.add_argument("--hang-first", type=float, default=None, help="item k0 sleeps this long")
     p.add_argument("--idempotent", action="store_true")
     p.add_argument("--hook-for", type=float, default=None)
     p.add_argument("--executor", default=None)
@@ -157,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ledger = build_ledger(a.url, log, effect_at=a.effect_at, timeout=a.timeout,
                           verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
                           executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir,
-                          hook_crash=a.hook_crash, fence=a.fence)
+                          hook_crash=a.hook_crash, fence=a.fence,
+                          hang_first=a.hang_first)
     if a.sweep:
         swept = ledger.sweep(lease=a.lease)
         print(swept.to_pending, swept.to_unknown, flush=True)

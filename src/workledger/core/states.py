@@ -41,6 +41,9 @@ AWAITING_VERIFY = f"{LEASE_EXPIRED}: awaiting verify"
 OUTCOME_UNKNOWN = f"{LEASE_EXPIRED}: outcome unknown; a person must resolve it"
 VERIFIED_NOT_DONE = f"{LEASE_EXPIRED}: verify: not done; will run again"
 NOT_STARTED = "not started: its holder stopped before running it"
+# a suspect of an idempotent stage whose holder vanished again while it had started it: it runs
+# alone next time (a suspect lost once runs side by side with the others, charged as it starts)
+LOST_TWICE = f"{LEASE_EXPIRED}: again: its holder vanished again while running it"
 
 TERMINAL: frozenset[ItemState] = frozenset(
     {ItemState.PROCESSED, ItemState.FAILED, ItemState.SKIPPED}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
-from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED
+from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED, LOST_TWICE
 from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.execute import run_batch, run_handler, run_unit_async, to_finish
 from workledger.runtime.executors import Executor
@@ -93,11 +93,21 @@ class Chunk:
     def process(self) -> None:
         recorded = self.job.recorded_stages()
         normal = [i for i in self.items if not is_suspect(i)]
-        for item in (i for i in self.items if is_suspect(i)):
+        suspects = [i for i in self.items if is_suspect(i)]
+        # a suspect of an idempotent stage lost once runs side by side with the others, each
+        # charged as it starts; one lost again while running, or one of a stage that is not
+        # idempotent (only those that had really started are suspects there), runs alone
+        alone = [i for i in suspects
+                 if i.error == LOST_TWICE or not self.job.stage_named(i.stage).idempotent]
+        for item in alone:
             if self.worker.stopping:
                 self.release([item.id])
             else:
                 self._run_alone(item)
+        side_by_side = [i for i in suspects if i not in alone and not self._gave_up(i)]
+        if side_by_side:
+            self.flush()  # a poison among them must not take finished results down with it
+            self._run_singly(side_by_side, recorded, charged=True)
         # a limited stage's outcomes are written as they come, so a cap's slot is freed soon
         singly = recorded | set(self.limits) | self.job.limited_stages()
         self._run_pooled([i for i in normal if i.stage not in singly])
@@ -108,15 +118,20 @@ class Chunk:
         """A suspect: charge its attempt before it starts, and run it alone, so a crash charges
         it and none of its siblings."""
         self.flush()  # a poison item must not take its siblings' finished results down with it
-        policy = self.job.stage_named(item.stage).policy
-        if item.attempts >= policy.max_attempts:
-            reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"
-            self.add(to_finish(self.job, item, Failed(reason), item.attempts, 0.0, charge=0))
+        if self._gave_up(item):
             return
         if not self.store.items_mark_started(LeaseParams(item.run_id, [item.id], self.token)):
             return  # lost the lease already; the new holder owns it
         tasks: Tasks = {self._submit([item]): [item]}
         self.wait(tasks, lambda f, _: self._collect(f.result(), 0), charge=0)
+
+    def _gave_up(self, item: ClaimedItem) -> bool:
+        """A suspect that has used its attempts fails without running again."""
+        if item.attempts < self.job.stage_named(item.stage).policy.max_attempts:
+            return False
+        reason = f"gave up after {item.attempts} attempts: its worker was lost while running it"
+        self.add(to_finish(self.job, item, Failed(reason), item.attempts, 0.0, charge=0))
+        return True
 
     def _run_pooled(self, items: list[ClaimedItem]) -> None:
         # Handlers run in small slices, not one task per item: a task costs more than a no-op
@@ -151,20 +166,25 @@ class Chunk:
     def _batch_of(self, item: ClaimedItem) -> int:
         return self.batches.get(item.stage, 0)
 
-    def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str]) -> None:
+    def _run_singly(self, items: list[ClaimedItem], recorded: frozenset[str],
+                    charged: bool = False) -> None:
         """One item per task, in rounds: each round's transaction writes the outcomes that came
         in and records the starts of the next items of recorded stages, so a worker killed at
-        any moment leaves in doubt only the handlers that were running."""
+        any moment leaves in doubt only the handlers that were running. ``charged`` (suspects):
+        every start is recorded and charged its attempt, so a crash charges only the items
+        that were running, and those lost again run alone the next time."""
         # an item, or a batch of a batch stage; its lease is renewed while it waits its turn
         waiting = self.queued = deque(self._units(items, 1))
         running: Tasks = {}
+        marks = (lambda i: True) if charged else (lambda i: i.stage in recorded)
 
         def feed() -> None:
             take = [] if self.worker.stopping else self._fits(waiting, running)
-            marked = set(self.flush(start=[i for u in take for i in u if i.stage in recorded]))
+            marked = set(self.flush(start=[i for u in take for i in u if marks(i)],
+                                    charge=int(charged)))
             for unit in take:
                 # an item whose start was not recorded has lost its lease: the new holder owns it
-                unit = [i for i in unit if i.stage not in recorded or i.id in marked]
+                unit = [i for i in unit if not marks(i) or i.id in marked]
                 if unit:
                     running[self._submit(unit)] = unit
             if self.worker.stopping and waiting:
@@ -172,7 +192,8 @@ class Chunk:
                 waiting.clear()
 
         feed()
-        self.wait(running, lambda f, _: self._collect(f.result(), 1), after=feed)
+        self.wait(running, lambda f, _: self._collect(f.result(), int(not charged)), after=feed,
+                  charge=int(not charged))
 
     def executor_for(self, item: ClaimedItem) -> Executor:
         """The event loop for an async stage; the child processes, if the worker has them and
@@ -337,9 +358,10 @@ class Chunk:
             with self.worker.count_lock:
                 self.worker.report.released += n
 
-    def flush(self, start: Sequence[ClaimedItem] = ()) -> list[int]:
-        """Write the outcomes gathered so far (and record the starts of ``start``, in the same
-        transaction); return the ids of ``start`` whose start was recorded."""
+    def flush(self, start: Sequence[ClaimedItem] = (), charge: int = 0) -> list[int]:
+        """Write the outcomes gathered so far (and record the starts of ``start``, each charged
+        ``charge`` attempts, in the same transaction); return the ids of ``start`` whose start
+        was recorded."""
         self.last_flush = self.worker.clock()
         if not self.finishes and not start:
             return []
@@ -347,7 +369,8 @@ class Chunk:
         self.held.difference_update(f.id for f in finishes)
         result = self.store.items_finish_if_leased(
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
-                         start=[i.id for i in start], start_token=self.token))
+                         start=[i.id for i in start], start_token=self.token,
+                         start_charge=charge))
         count(self.worker, self.run_id, finishes, result)
         if result.applied and any(f.next_stage for f in finishes):
             self.worker.nudge()  # their next stage's items are claimable: an idle lane looks

@@ -41,6 +41,10 @@ STOP_CHECK = 0.25  # seconds between looks at the stop flag while idle
 NUDGE_CHECK = 0.02  # the same while another lane or a chunk of its own may nudge it
 LIMITED_POLL = 0.1  # seconds between claims while a capped stage is full (no rate to go by)
 MIN_POLL = 0.005  # seconds: the shortest wait between claims of a rate-limited stage
+# seconds more handlers than threads must stay stuck before the worker gives up: a worker
+# SIGSTOPped (or its machine asleep) mid-handler finds every handler past its time limit when
+# it resumes, and they end a moment later
+STUCK_GRACE = 5.0
 
 
 def new_worker_id() -> str:
@@ -68,6 +72,7 @@ class Worker:
         self.where = ""  # the ledger it works on, for its log lines (a masked URL)
         self.rng = rng or random.Random()
         self.clock = clock
+        self._stuck_since: float | None = None  # since when more handlers than threads are stuck
         self.on_progress = on_progress
         self.report = WorkReport()
         self._stop = threading.Event()
@@ -183,6 +188,12 @@ class Worker:
     def _stuck(self) -> bool:
         stuck = max(self.threads.stuck, self.coroutines.stuck if self.coroutines else 0)
         if stuck <= self.options.concurrency:
+            self._stuck_since = None
+            return False
+        now = self.clock()
+        if self._stuck_since is None:
+            self._stuck_since = now
+        if now - self._stuck_since < STUCK_GRACE:
             return False
         self.report.stuck = True
         log.error("worker %s: %d handlers are stuck past their time limit, more than its "

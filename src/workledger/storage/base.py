@@ -358,7 +358,8 @@ class LedgerStore(Overview[C], Dispatching[C]):
             rows = conn.execute(self.Q["leases_reclaim_expired"], {
                 "to_state": params.to_state, "reason": params.reason, "job": params.job,
                 "stage": params.stage, "limit": params.limit,
-                "unstarted": params.unstarted, **self._reclaim_params()}).fetchall()
+                "unstarted": params.unstarted, "again": params.again,
+                **self._reclaim_params()}).fetchall()
             items = sorted(map(self._item, rows), key=attrgetter("id"))
             if items:
                 self._wake(conn)
@@ -386,7 +387,8 @@ class LedgerStore(Overview[C], Dispatching[C]):
                 plan, tally, applied = self._finish_rows(conn, params)
             else:
                 plan, tally, applied = self._finish_groups(conn, params, groups)
-            started = self._mark_started(conn, params.start, params.start_token)
+            started = self._mark_started(conn, params.start, params.start_token,
+                                         params.start_charge)
             self._write_plan(conn, params.run_id, plan, tally, params.actor)
             common.failpoint("complete.before_commit")
             if plan.handoffs:
@@ -398,7 +400,8 @@ class LedgerStore(Overview[C], Dispatching[C]):
         if not params.start:
             return FinishResult(applied=[], stale=[])
         with self._tx() as conn:
-            started = self._mark_started(conn, params.start, params.start_token)
+            started = self._mark_started(conn, params.start, params.start_token,
+                                         params.start_charge)
         return FinishResult(applied=[], stale=[], started=started)
 
     def _mark_started(self, conn: C, ids: Sequence[int], token: int, charge: int = 0

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from workledger.core.states import NOT_STARTED
+from workledger.core.states import LOST_TWICE, NOT_STARTED
 
 # -- values -----------------------------------------------------------------------------------
 
@@ -140,10 +140,12 @@ class FinishParams:
     run_id: int
     finishes: Sequence[Finish]
     actor: str = "worker"
-    # items of the same claim to mark started (no attempt charged) in the same transaction:
-    # a worker records the starts of its next handlers with the outcomes of the last ones
+    # items of the same claim to mark started in the same transaction: a worker records the
+    # starts of its next handlers with the outcomes of the last ones (suspects: each charged
+    # its attempt as it starts, start_charge 1)
     start: Sequence[int] = ()
     start_token: int = 0
+    start_charge: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,9 @@ class ReclaimParams:
     # the reason left on an item whose handler never started under the expired claim: it goes
     # back to pending whatever to_state says, since it cannot have had an effect
     unstarted: str = NOT_STARTED
+    # the reason left on a suspect (an item already left with a LEASE_EXPIRED reason) that was
+    # started again under the expired claim, in a stage whose items go back to pending
+    again: str = LOST_TWICE
     actor: str = "sweeper"
     limit: int = 1000
 

@@ -336,7 +336,12 @@ UPDATE wl_items SET
     -- an item whose handler never started under this claim cannot have had an effect
     state = CASE WHEN started_at IS NULL THEN 'pending' ELSE %(to_state)s::text END,
     error = CASE WHEN started_at IS NULL AND %(to_state)s::text <> 'pending'
-            THEN %(unstarted)s ELSE %(reason)s END,
+            THEN %(unstarted)s
+            -- a suspect of an idempotent stage: lost again while started, it runs alone next
+            -- time; not started under this claim, it stays what it was
+            WHEN %(to_state)s::text = 'pending' AND error LIKE 'lease_expired%%'
+            THEN CASE WHEN started_at IS NULL THEN error ELSE %(again)s END
+            ELSE %(reason)s END,
     lease_until = NULL,
     updated_at = now()
 FROM picked

@@ -298,6 +298,10 @@ UPDATE wl_items SET
     -- an item whose handler never started under this claim cannot have had an effect
     state = CASE WHEN started_at IS NULL THEN 'pending' ELSE :to_state END,
     error = CASE WHEN started_at IS NULL AND :to_state <> 'pending' THEN :unstarted
+            -- a suspect of an idempotent stage: lost again while started, it runs alone next
+            -- time; not started under this claim, it stays what it was
+            WHEN :to_state = 'pending' AND error LIKE 'lease_expired%'
+            THEN CASE WHEN started_at IS NULL THEN error ELSE :again END
             ELSE :reason END,
     lease_until = NULL,
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
