@@ -176,7 +176,9 @@ class Chunk:
         # an item, or a batch of a batch stage; its lease is renewed while it waits its turn
         waiting = self.queued = deque(self._units(items, 1))
         running: Tasks = {}
-        marks = (lambda i: True) if charged else (lambda i: i.stage in recorded)
+
+        def marks(item: ClaimedItem) -> bool:
+            return charged or item.stage in recorded
 
         def feed() -> None:
             take = [] if self.worker.stopping else self._fits(waiting, running)
