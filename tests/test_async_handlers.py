@@ -137,7 +137,8 @@ def test_a_coroutine_that_ignores_its_cancellation_counts_as_stuck(app: Ledger,
     CLI) for a supervisor to restart it. Their items stay held until their coroutines end,
     then are settled (the worker's late results do it, in this process)."""
     log = tmp_path / "calls.log"
-    run_id = app.job("stubborn").submit({"n": 2, "hold": 1.5, "log": str(log)}).run_id
+    # they hold on longer than STUCK_GRACE (5 s): stuck for a moment is not stuck
+    run_id = app.job("stubborn").submit({"n": 2, "hold": 6.5, "log": str(log)}).run_id
     report = app.work(concurrency=1, chunk=1)
     assert report.stuck and report.abandoned == 2
     assert [line[0] for line in _lines(log)].count("ignored") >= 2
