@@ -9,8 +9,8 @@ Job ``late``, payload ``{"n": N}``: items ``k0..k{N-1}`` of one stage ``send``, 
 logs ``start``, sleeps ``--effect-at`` seconds, logs ``effect`` (the non-idempotent effect) and
 returns. ``--verify`` gives the stage a hook that answers ``done`` exactly when the item's
 effect is in the log; with ``--fence`` the hook first fences the log at the item's lease token
-(docs/reliability.md, "Durability assumptions"), and an effect of a fenced-out token is logged as ``refused``
-instead. ``--hook-for S`` gives the job a closing hook (3 attempts at most)
+(docs/reliability.md, "Durability assumptions"), and an effect of a fenced-out token is
+logged as ``refused`` instead. ``--hook-for S`` gives the job a closing hook (3 attempts at most)
 that logs ``close`` and takes S seconds, or kills its process inside it (``hook_crash``).
 Each log line is ``<what> <key or run> <lease token> <pid> <time>``, written with one
 ``write`` on a file opened for appending, so lines of several processes never mix.
