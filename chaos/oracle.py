@@ -182,8 +182,8 @@ def check_fenced(view: SinkView) -> list[Violation]:
     while its item was verified or resolved. That may happen only to a holder that looked gone
     because its PostgreSQL session ended while the handler ran (a terminated session, a
     restart: docs/reliability.md, "Durability assumptions", the clocks); the fence is what
-    kept its effect from happening twice. Anywhere else (every refusal on SQLite, where a live holder keeps its file locked)
-    the ledger took an item from a live holder."""
+    kept its effect from happening twice. Anywhere else (every refusal on SQLite, where a live
+    holder keeps its file locked) the ledger took an item from a live holder."""
     found: list[Violation] = []
     for r in view.refusals:
         if any(start <= r.at and until >= r.started for start, until in view.cuts):
