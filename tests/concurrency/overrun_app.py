@@ -91,7 +91,7 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
                  executor: str | None = None, max_attempts: int = 5,
                  hook_crash: bool = False, chdir: str | None = None,
                  hook_timeout: float | None = None, fence: bool = False,
-                 hang_first: float | None = None) -> Any:
+                 hang_first: float | None = None, fail_first: bool = False) -> Any:
     from workledger import Item, Ledger
 
     ledger = Ledger(url)
@@ -108,9 +108,12 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
         return "done" if effects(log).get(item.key) else "not_done"
 
     @job.stage(STAGE, idempotent=idempotent, timeout=timeout, max_attempts=max_attempts,
-               verify=was_done if verify else None, executor=executor)
+               verify=was_done if verify else None, executor=executor,
+               base_delay=1.0, max_delay=1.0)
     def send(item: Any, ctx: Any) -> dict[str, Any]:
         log_line(log, "start", item.key, ctx.lease_token)
+        if fail_first and ctx.attempt == 1:
+            raise RuntimeError(f"{item.key}: its first attempt fails, before any effect")
         if chdir is not None:
             os.chdir(chdir)  # a handler that moves the process's working directory
         if hang_first is None:
@@ -156,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forever", action="store_true")
     p.add_argument("--chdir", default=None)
     p.add_argument("--hook-crash", action="store_true")
+    p.add_argument("--fail-first", action="store_true",
+                   help="every item's first attempt raises before its effect (a retry)")
     p.add_argument("--sweep", action="store_true",
                    help="one sweeper pass instead of a worker; prints to_pending to_unknown")
     a = p.parse_args(argv)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                           verify=a.verify, idempotent=a.idempotent, hook_for=a.hook_for,
                           executor=a.executor, max_attempts=a.max_attempts, chdir=a.chdir,
                           hook_crash=a.hook_crash, fence=a.fence,
-                          hang_first=a.hang_first)
+                          hang_first=a.hang_first, fail_first=a.fail_first)
     if a.sweep:
         swept = ledger.sweep(lease=a.lease)
         print(swept.to_pending, swept.to_unknown, flush=True)

@@ -352,6 +352,37 @@ def test_on_sqlite_the_leases_of_a_dead_holder_are_taken_back_at_once(
     assert {i.state for i in items_of(ledger, run_id).values()} == {"unknown"}
 
 
+@pytest.mark.parametrize("offset", ["+15m", "-15m"])
+def test_on_sqlite_a_retry_written_by_a_skewed_clock_is_due_within_its_delay(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+    offset: str,
+) -> None:
+    """A retry's time is written with the writer's clock. One 15 minutes ahead left the item
+    waiting 15 minutes for every other process (the campaign's seed 20261201 round 2: "pending
+    after recovery"); one behind made it due at once. Either way it is due within its delay
+    (1 s here) by the clock of whoever claims it, and runs once more, not twice."""
+    sqlite_only(db_url)
+    ledger = make_ledger(fail_first=True)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    skewed = spawn(faketime(offset) + app.command(db_url, log, fail_first=True, forever=True),
+                   name="skewed")
+
+    def failed_once() -> bool:
+        item = items_of(ledger, run_id)["k0"]
+        return item.state == "pending" and item.attempts == 1
+
+    wait_until(failed_once, "its first attempt to fail", timeout=60)
+    skewed.signal(signal.SIGKILL)  # before its own clock makes the retry due to itself
+    skewed.wait()
+    began = time.monotonic()
+    worker = spawn(app.command(db_url, log, fail_first=True), name="on-time")
+    report = worker.wait_ok(timeout=60)
+    assert report["processed"] == 1, report
+    assert time.monotonic() - began < 30, "the retry waited for the skewed clock"
+    assert items_of(ledger, run_id)["k0"].state == "processed"
+    assert app.effects(log) == {"k0": 1}
+
+
 def test_on_sqlite_a_handler_that_changes_directory_does_not_lose_its_workers_leases(
     spawn: Callable[..., Proc], db_url: str, log: Path, tmp_path: Path,  # noqa: F811
 ) -> None:

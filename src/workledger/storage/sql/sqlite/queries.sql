@@ -96,7 +96,7 @@ SELECT
      WHERE state = 'claimed' AND lease_until < now.t AND run_id = :run_id),
     (SELECT count(*) FROM wl_items INDEXED BY wl_items_waiting
      WHERE run_id = :run_id AND state = 'pending' AND not_before IS NOT NULL
-       AND not_before > now.t),
+       AND not_before > now.t AND updated_at <= now.t),
     (SELECT count(*) FROM wl_items INDEXED BY wl_items_attention
      WHERE state IN ('failed', 'unknown') AND state = 'unknown' AND run_id = :run_id
        AND error = :verify)
@@ -145,7 +145,9 @@ UPDATE wl_items SET
 WHERE id IN (
     SELECT id FROM wl_items INDEXED BY wl_items_claimable
     WHERE run_id = :run_id AND state = 'pending' AND id > :after_id
-      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      -- due, or written by a clock ahead of this one (updated_at, same statement):
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+           OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
       -- the closing entry is the sweeper's to claim (closing = 1), never a worker's
       AND (stage = '@close') = :closing
     ORDER BY id LIMIT :limit)
@@ -168,7 +170,9 @@ UPDATE wl_items SET
 WHERE id IN (
     SELECT id FROM wl_items INDEXED BY wl_items_stage_claimable
     WHERE run_id = :run_id AND stage = :stage AND state = 'pending'
-      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      -- due, or written by a clock ahead of this one (updated_at, same statement):
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+           OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
     ORDER BY id LIMIT :limit)
   AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
@@ -324,9 +328,11 @@ RETURNING *;
 
 -- name: outlook
 SELECT
-    sum(CASE WHEN state = 'pending' AND (not_before IS NULL OR not_before <= now.t) THEN 1 ELSE 0 END),
-    sum(CASE WHEN state = 'pending' AND not_before > now.t THEN 1 ELSE 0 END),
-    min(CASE WHEN state = 'pending' AND not_before > now.t
+    sum(CASE WHEN state = 'pending' AND (not_before IS NULL OR not_before <= now.t
+                                         OR updated_at > now.t) THEN 1 ELSE 0 END),
+    sum(CASE WHEN state = 'pending' AND not_before > now.t AND updated_at <= now.t
+        THEN 1 ELSE 0 END),
+    min(CASE WHEN state = 'pending' AND not_before > now.t AND updated_at <= now.t
         THEN (julianday(not_before) - julianday(now.t)) * 86400.0 END),
     sum(CASE WHEN state = 'claimed' AND lease_until >= now.t THEN 1 ELSE 0 END),
     min(CASE WHEN state = 'claimed' AND lease_until >= now.t
@@ -673,7 +679,9 @@ WHERE id IN (
     SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
     WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
       AND state = 'pending'
-      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      -- due, or written by a clock ahead of this one (updated_at, same statement):
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+           OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
     -- no more than a limited stage's bucket and cap allow (all of them otherwise)
     ORDER BY id LIMIT :limit)
   AND stage <> '@close'
@@ -722,6 +730,6 @@ RETURNING seq;
 SELECT stage, seq FROM wl_items INDEXED BY wl_items_owed
 WHERE run_id = :run_id AND state = 'pending' AND redispatch_at IS NOT NULL
   AND redispatch_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
-  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now') OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
   AND stage <> '@close'
 ORDER BY redispatch_at LIMIT :limit;
