@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import netns
 import psycopg
 from pgserver import PrivatePostgres
 
@@ -109,11 +110,24 @@ class PostgresBackend:
 
     name = "postgres"
 
-    def __init__(self, workdir: Path, seed: int) -> None:
+    def __init__(self, workdir: Path, seed: int, partition: bool = False) -> None:
+        """``partition``: make a network namespace the server also listens into (netns.py),
+        for the partition fault."""
         self.workdir = workdir
         self.tag = f"{seed % 10**8}"
-        self.server = PrivatePostgres()
-        self.server.create()
+        self.partition: netns.Partition | None = None
+        if partition:
+            self.partition = netns.Partition(seed)
+            self.partition.create()
+        try:
+            self.server = PrivatePostgres(
+                self.partition.host if self.partition else None,
+                netns.SUBNET if self.partition else None)
+            self.server.create()
+        except BaseException:
+            if self.partition is not None:
+                self.partition.remove()
+            raise
         self._down = threading.Event()
         self._restarting = threading.Lock()
 
@@ -156,5 +170,24 @@ class PostgresBackend:
             if not self.server.running():
                 self.server.start()
 
+    def sessions_from(self, address: str) -> int:
+        """How many sessions the server has from clients at ``address`` (0 when unreachable)."""
+        try:
+            with psycopg.connect(self.server.url(), autocommit=True, connect_timeout=5) as conn:
+                row = conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                   " WHERE client_addr = %s::inet", (address,)).fetchone()
+        except psycopg.Error:
+            return 0
+        return int(row[0]) if row else 0
+
+    def partitioned_url(self, url: str) -> str:
+        """The round's database as a worker inside the partition's namespace reaches it."""
+        assert self.partition is not None
+        return self.server.url(url.rsplit("/", 1)[1], host=self.partition.host)
+
     def close(self) -> None:
-        self.server.remove()
+        try:
+            self.server.remove()
+        finally:
+            if self.partition is not None:
+                self.partition.remove()

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import netns
 from backend import PostgresBackend, SqliteBackend
 from chaos_app import HANDLER_TIMEOUT, timeouts_supported
 from plan import NEW_KINDS, kinds_for, plan_round
@@ -79,22 +80,25 @@ def main(argv: list[str] | None = None) -> int:
           f"(replay: python chaos/campaign.py --backend {a.backend} --seed {seed})", flush=True)
     hang = timeouts_supported()
     skew = faketime_library() is not None
+    partition = a.backend == "postgres" and netns.why_not() is None
     notes = ([] if hang else ["hang left out of the draw: this workledger has no "
                               "@job.stage(..., timeout=), so a hung handler holds its lease"]) \
         + ([] if skew or a.backend != "sqlite" else
-           ["skew left out of the draw: faketime is not installed (apt-get install faketime)"])
+           ["skew left out of the draw: faketime is not installed (apt-get install faketime)"]) \
+        + ([] if partition or a.backend != "postgres" else
+           [f"partition left out of the draw: {netns.why_not()}"])
     left_out = "; ".join(notes) or None
     if left_out:
         print(left_out, flush=True)
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="wl-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     backend: Any = (SqliteBackend(workdir) if a.backend == "sqlite"
-                    else PostgresBackend(workdir, seed))
+                    else PostgresBackend(workdir, seed, partition))
     results: list[RoundResult] = []
     began = time.monotonic()
     try:
         for number in ([a.round] if a.round is not None else range(1, 10**6)):
-            plan = plan_round(seed, number, kinds_for(a.backend, hang, skew),
+            plan = plan_round(seed, number, kinds_for(a.backend, hang, skew, partition),
                               a.faults_per_round, a.lease, NEW_KINDS if a.each_kind else ())
             result = Round(plan, backend, workdir, HANDLER_TIMEOUT + a.lease, a.wal_limit_mib,
                            a.liveness_slack).run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from typing import Any
 
 import sink as sinkmod
 from backend import Db
@@ -58,6 +59,8 @@ def _inject(rnd: Target, fault: Fault, index: int) -> str:
         return "done"
     if kind == "reader":
         return _reader(rnd, fault)
+    if kind == "partition":
+        return _partition(rnd, fault)
     if kind == "lost_ack":
         if rnd.proxy is None or not rnd.backend.up():
             return "dropped" if rnd.proxy is None else "later"
@@ -143,6 +146,46 @@ def _arm(rnd: Target, fault: Fault, index: int) -> str:
         rnd.submit(base, f"{base.key}-fp{index}", 0, failpoint=spec)
     rnd.armed += 1
     return "done"
+
+
+def _partition(rnd: Target, fault: Fault) -> str:
+    """A worker started in the partition's namespace holds work for a moment, then its veth
+    goes down for the fault's seconds and comes up again (netns.py); one at a time."""
+    part = getattr(rnd.backend, "partition", None)
+    if part is None:
+        return "dropped"
+    if part.down or any(t.name == "partition" and t.is_alive() for t in rnd.threads) \
+            or not rnd.backend.up():
+        return "later"
+    worker = rnd.start_worker(partitioned=True)
+    thread = threading.Thread(target=_cut_off, args=(rnd, fault, part, worker),
+                              name="partition", daemon=True)
+    rnd.threads.append(thread)
+    thread.start()
+    rnd.counted("partition", time.monotonic(), fault.mode)  # and again when it heals
+    return "done"
+
+
+def _cut_off(rnd: Target, fault: Fault, part: Any, worker: Proc) -> None:
+    """The cut comes once the worker is connected (its holder session and its own: a worker
+    that cannot connect at start exits with one line, a fault of another kind) and has had a
+    moment to claim, or after 10 s whatever it does."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and worker.alive \
+            and rnd.backend.sessions_from(part.guest) < 2:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    began = time.time()
+    part.cut()
+    rnd.log(f"partition: {worker.name} cut off from the server for {fault.duration:.2f} s")
+    try:
+        time.sleep(fault.duration)  # the partition itself
+    finally:
+        part.heal()
+        rnd.counted("partition", time.monotonic(), count=False)
+        rnd.log(f"partition healed ({fault.mode})")
+        if fault.mode == "long":  # long enough for the server to end the worker's sessions
+            sinkmod.cut(str(rnd.sink), "partition", began, time.time())
 
 
 def _terminate(rnd: Target, fault: Fault) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psycopg
 
-SERVER_OPTIONS = ("-c listen_addresses=127.0.0.1 -c max_connections=200 "
-                  "-c shared_buffers=32MB -c fsync=on -c synchronous_commit=on")
+SERVER_OPTIONS = ("-c max_connections=200 -c shared_buffers=32MB -c fsync=on "
+                  "-c synchronous_commit=on")
 
 
 class ServerUnavailable(RuntimeError):
@@ -44,8 +44,12 @@ def free_port() -> int:
 class PrivatePostgres:
     """One cluster in a temporary folder: start, restart (fast or as a crash), stop, remove."""
 
-    def __init__(self) -> None:
+    def __init__(self, also_listen: str | None = None, trust: str | None = None) -> None:
+        """``also_listen``: an address besides 127.0.0.1 (a partition's veth, netns.py), and
+        ``trust`` the network its clients come from."""
         self.initdb, self.pg_ctl = _bin("initdb"), _bin("pg_ctl")
+        self.listen = ",".join(filter(None, ["127.0.0.1", also_listen]))
+        self.trust = trust
         self.as_user: list[str] = []
         if os.geteuid() == 0:
             try:
@@ -71,10 +75,14 @@ class PrivatePostgres:
             shutil.chown(self.base, "postgres", "postgres")
         self._run(self.initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust",
                   "-E", "UTF8", "--no-sync")
+        if self.trust:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {self.trust} trust\n")
         self.start()
 
     def start(self) -> None:
-        options = f"-p {self.port} -k {self.base} {SERVER_OPTIONS}"
+        options = f"-p {self.port} -k {self.base} -c listen_addresses={self.listen} " \
+            f"{SERVER_OPTIONS}"
         self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.log), "-w", "-t", "120",
                   "-o", options, "start")
 
@@ -86,8 +94,8 @@ class PrivatePostgres:
         done = self._run(self.pg_ctl, "-D", str(self.data), "status", check=False)
         return done.returncode == 0
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql://postgres@{host}:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as conn:

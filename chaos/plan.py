@@ -13,12 +13,18 @@ from dataclasses import dataclass, field
 
 # fault kinds and their weights in the draw (kinds a backend cannot have are left out)
 WEIGHTS = {"kill": 30, "failpoint": 22, "stop": 14, "refuse": 8, "pg_terminate": 12,
-           "pg_restart": 6, "hang": 8, "slow_hook": 8, "skew": 6, "reader": 6, "lost_ack": 8}
-POSTGRES_ONLY = ("pg_terminate", "pg_restart", "lost_ack")
+           "pg_restart": 6, "hang": 8, "slow_hook": 8, "skew": 6, "reader": 6, "lost_ack": 8,
+           "partition": 6}
+POSTGRES_ONLY = ("pg_terminate", "pg_restart", "lost_ack", "partition")
 SQLITE_ONLY = ("skew",)  # PostgreSQL's leases are the server's clock: a worker's clock is not used
 # the kinds issue 21 added: the short tier requires each of them at least once per backend
-NEW_KINDS = ("hang", "stop", "slow_hook", "skew", "reader", "lost_ack")
+NEW_KINDS = ("hang", "stop", "slow_hook", "skew", "reader", "lost_ack", "partition")
 SKEW_MINUTES = (2, 15)  # a worker's clock off by this many minutes, either way
+# a partition's length past the lease, in seconds: most are short (the worker's sessions live
+# on and it keeps its items); one in five outlasts the server's keepalive on the worker's
+# holder session (about 25 s, src/workledger/storage/postgres.py), so that session is ended and
+# the worker looks dead while its handlers may still run (docs/reliability.md, Clocks)
+PARTITION_SHORT, PARTITION_LONG = (1.0, 4.0), (32.0, 40.0)
 
 # named failpoints by the kind of process that passes them (src/workledger/failpoints.py)
 FAILPOINTS = {
@@ -66,7 +72,7 @@ class Fault:
     nth: int = 1  # which hit of the failpoint kills
     duration: float = 0.0  # stop, refuse, pg_restart, slow_hook, reader: how long it lasts
     mode: str = ""  # pg_restart: fast|immediate; pg_terminate: one|all; slow_hook: close|verify;
-    # skew: faketime's offset, "-7m" or "+3m"
+    # skew: faketime's offset, "-7m" or "+3m"; partition: short|long
     pick: float = 0.0  # chooses among the live processes of the role at that moment
 
 
@@ -95,12 +101,15 @@ class RoundPlan:
     kinds: tuple[str, ...] = field(default=())
 
 
-def kinds_for(backend: str, hang: bool, skew: bool = True) -> tuple[str, ...]:
-    """The kinds a backend can have; ``hang`` needs stage time limits, ``skew`` faketime."""
+def kinds_for(backend: str, hang: bool, skew: bool = True,
+              partition: bool = True) -> tuple[str, ...]:
+    """The kinds a backend can have; ``hang`` needs stage time limits, ``skew`` faketime,
+    ``partition`` network namespaces (root and iproute2)."""
     return tuple(k for k in WEIGHTS
                  if (backend == "postgres" or k not in POSTGRES_ONLY)
                  and (backend == "sqlite" or k not in SQLITE_ONLY)
-                 and (hang or k != "hang") and (skew or k != "skew"))
+                 and (hang or k != "hang") and (skew or k != "skew")
+                 and (partition or k != "partition"))
 
 
 def _pick(rng: random.Random, weights: dict[str, int]) -> str:
@@ -139,6 +148,10 @@ def _fault(rng: random.Random, at: float, kind: str, lease: float) -> Fault:
         return Fault(at, kind, role="reader", duration=rng.uniform(2.0, 8.0))
     if kind == "lost_ack":  # the next COMMIT through the proxy commits, its reply is lost
         return Fault(at, kind, role="proxy")
+    if kind == "partition":  # a worker cut off from the server, then joined again
+        mode = "long" if rng.random() < 0.2 else "short"
+        low, high = PARTITION_LONG if mode == "long" else PARTITION_SHORT
+        return Fault(at, kind, role="worker", mode=mode, duration=lease + rng.uniform(low, high))
     return Fault(at, kind, role="handler")  # hang
 
 

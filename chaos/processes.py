@@ -88,10 +88,13 @@ class Spawner:
         self.count = 0
 
     def start(self, role: str, args: list[str], failpoint: str | None = None,
-              skew: str | None = None, url: str | None = None, **note: Any) -> Proc:
-        """``url``: another way to the same ledger (the lost-acknowledgement proxy)."""
+              skew: str | None = None, url: str | None = None, inside: Any = None,
+              **note: Any) -> Proc:
+        """``url``: another way to the same ledger (the lost-acknowledgement proxy, or the
+        partition's address); ``inside``: a netns.Partition the process runs in."""
         self.count += 1
-        name = f"{role}-{self.count}" + ("-skewed" if skew else "")
+        name = f"{role}-{self.count}" + ("-skewed" if skew else "") \
+            + ("-partitioned" if inside is not None else "")
         env = dict(self.env)
         if failpoint:
             env["WORKLEDGER_FAILPOINTS"] = failpoint
@@ -99,6 +102,8 @@ class Spawner:
             env.update(faketime_env(skew))
         argv = [sys.executable, "-m", "workledger.cli", "--db", url or self.url, "--app", APP,
                 *args]
+        if inside is not None:
+            argv = inside.wrap(argv)
         out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
         with open(out, "wb") as o, open(err, "wb") as e:
             popen = subprocess.Popen(argv, stdout=o, stderr=e, env=env,

@@ -118,9 +118,15 @@ class Round:
                     self.killed_roles[f"{kind}:{role}"] += 1
             self.last_fault_end = max(self.last_fault_end, end)
 
-    def start_worker(self, failpoint: str | None = None, skew: str | None = None) -> Proc:
-        """A worker besides the supervised ones: one carrying a failpoint, or one whose clock
-        is off by ``skew`` (faketime's offset, such as ``-7m``)."""
+    def start_worker(self, failpoint: str | None = None, skew: str | None = None,
+                     partitioned: bool = False) -> Proc:
+        """A worker besides the supervised ones: one carrying a failpoint, one whose clock
+        is off by ``skew`` (faketime's offset, such as ``-7m``), or one in the partition's
+        network namespace (``partitioned``), reaching the server only through its veth."""
+        if partitioned:
+            return self._spawn("worker", self.worker_slots[0].args,
+                               url=self.backend.partitioned_url(self.url),
+                               inside=self.backend.partition)
         return self._spawn("worker", self.worker_slots[0].args, failpoint, skew=skew)
 
     def submit(self, run: RunPlan, key: str, variant: int, failpoint: str | None = None) -> None:
@@ -145,9 +151,11 @@ class Round:
         (self.control / "refusing").touch()
 
     def _spawn(self, role: str, args: list[str], failpoint: str | None = None,
-               skew: str | None = None, proxied: bool = False, **note: Any) -> Proc:
-        url = self.proxy.url(self.url) if proxied and self.proxy is not None else None
-        proc = self.spawner.start(role, args, failpoint, skew, url, **note)
+               skew: str | None = None, proxied: bool = False, url: str | None = None,
+               inside: Any = None, **note: Any) -> Proc:
+        if proxied and self.proxy is not None:
+            url = self.proxy.url(self.url)
+        proc = self.spawner.start(role, args, failpoint, skew, url, inside, **note)
         self.procs.append(proc)
         self.log(f"start {proc.name} pid {proc.popen.pid}: {' '.join(args[:4])}"
                  + (f" [failpoint {failpoint}]" if failpoint else "")
