@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from workledger.errors import UnknownJob
 from workledger.runtime.async_executor import AsyncExecutor
@@ -31,6 +31,7 @@ from workledger.runtime.executors import ThreadExecutor
 from workledger.runtime.holder import WorkerOptions, WorkReport
 from workledger.runtime.jobs import Job
 from workledger.runtime.worker import new_worker_id
+from workledger.storage.delegate import DelegatingStore
 from workledger.storage.port import (
     ClaimedItem,
     FinishParams,
@@ -73,22 +74,19 @@ class TaskHolder:
         made claimable is published instead (:class:`FollowUps`)."""
 
 
-class FollowUps:
+class FollowUps(DelegatingStore):
     """The store a delivered chunk writes through: after each write that commits outcomes or
     releases items, the items that made claimable are published (hand-offs at once, retries
     held until due). Every other method is the store's own."""
 
     def __init__(self, store: Store, outbox: Outbox, job: Job,
                  claimed: list[ClaimedItem]) -> None:
+        super().__init__(store)
         self._store = store
         self._outbox = outbox
         self._job = job
         self._where = {c.id: (c.stage, c.seq) for c in claimed}
         self.run_id = claimed[0].run_id
-        self.dialect = store.dialect
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         result = self._store.items_finish_if_leased(params)
@@ -195,7 +193,7 @@ class Delivery:
             log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",
                       message.run_id, message.stage, list(message.seqs)[:5])
             return WorkReport()
-        holder = TaskHolder(cast(Store, FollowUps(store, self.outbox, job, claimed)),
+        holder = TaskHolder(FollowUps(store, self.outbox, job, claimed),
                             self.options, worker_id, random.Random(), late, self.stop)
         holder.report.claimed = len(claimed)
         Chunk(holder, executor, job, claimed, coroutines=self._loop_for(job)).process()

@@ -32,6 +32,7 @@ from typing import Any, Protocol, cast
 from workledger import failpoints
 from workledger.core import limits
 from workledger.errors import BadInput, UsageError
+from workledger.storage.delegate import DelegatingStore
 from workledger.storage.port import DispatchMark, RunRow, Store
 
 log = logging.getLogger("workledger.dispatch")
@@ -248,26 +249,22 @@ def _by_stage(page: Sequence[tuple[str, int]]) -> dict[str, list[int]]:
     return found
 
 
-class DispatchingStore:
+class DispatchingStore(DelegatingStore):
     """A ledger's store when it dispatches through a broker: a run's decomposition is marked
     owed before it is marked decomposed, and published once it is (by whoever decomposes it:
     ``submit``, a resumed submit, the sweeper). Every other method is the store's own."""
 
     def __init__(self, store: Store, outbox: Outbox) -> None:
-        self._store = store
+        super().__init__(store)
         self._outbox = outbox
-        self.dialect = store.dialect
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
-        self._outbox.owe(self._store, run_id, first_stage)
-        run = self._store.run_mark_decomposed(run_id, first_stage)
-        self._outbox.publish_stage(self._store, run, first_stage)
+        self._outbox.owe(self.inner, run_id, first_stage)
+        run = self.inner.run_mark_decomposed(run_id, first_stage)
+        self._outbox.publish_stage(self.inner, run, first_stage)
         return run
 
 
 def dispatching(store: Store, outbox: Outbox) -> Store:
-    return cast(Store, DispatchingStore(store, outbox))
+    return DispatchingStore(store, outbox)
 

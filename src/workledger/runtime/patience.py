@@ -19,21 +19,23 @@ carries finds it out (a finish written twice is stale the second time).
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar
 
 from workledger.errors import Contention, DatabaseUnavailable
+from workledger.storage.delegate import DelegatingStore
 from workledger.storage.doubt import CommitInDoubt
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.db")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 FIRST_DELAY = 0.1  # seconds before the first retry
 MAX_DELAY = 5.0  # the backoff's cap
 CONTENTION_TRIES = 5  # tries of a call that timed out on a statement or a lock
@@ -116,26 +118,19 @@ class Patience:
                 self._down_since = None
 
 
-class PatientStore:
-    """A store whose every method waits out a database outage (see :class:`Patience`)."""
+class PatientStore(DelegatingStore):
+    """A store whose every method but ``close`` waits out a database outage (see
+    :class:`Patience`)."""
 
     def __init__(self, store: Store, patience: Patience) -> None:
-        self._store = store
+        super().__init__(store)
         self._patience = patience
-        self.dialect = store.dialect
-        if hasattr(store, "doubt_for"):  # a lost COMMIT's outcome is waited for as long
-            store.doubt_for = patience.retry_for
+        adapter = self.innermost()
+        if hasattr(adapter, "doubt_for"):  # a lost COMMIT's outcome is waited for as long
+            adapter.doubt_for = patience.retry_for
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not callable(attr) or name == "close":
-            return attr
-
-        @functools.wraps(attr)
-        def patient(*args: Any, **kwargs: Any) -> Any:
-            return self._patience.call(attr, *args, **kwargs)
-
-        return patient
+    def _call(self, method: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._patience.call(method, *args, **kwargs)
 
     @property
     def patience(self) -> Patience:
@@ -145,5 +140,5 @@ class PatientStore:
 def patient(store: Store, patience: Patience) -> Store:
     """``store`` with every method waiting out an outage (a no-op if it already does)."""
     if isinstance(store, PatientStore):
-        return cast(Store, store)
-    return cast(Store, PatientStore(store, patience))
+        return store
+    return PatientStore(store, patience)
