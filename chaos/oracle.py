@@ -347,7 +347,9 @@ def check_projection(facts: Facts) -> list[Violation]:
 
 
 def derive(run: dict[str, Any], items: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """A run's counters in units, from its item rows (docs/design.md, "Run states")."""
+    """A run's counters in units, from its item rows (docs/design.md, "Run states"): ``total``
+    too before the mark, since every batch counts its rows (a cancelled run whose
+    decomposition was cut short is never marked)."""
     stages = STAGES[run["job"]]
     work = [i for i in items if i[2] != "@close"]
     n = Counter((i[2], i[4]) for i in work)
@@ -357,5 +359,5 @@ def derive(run: dict[str, Any], items: list[tuple[Any, ...]]) -> dict[str, Any]:
     open_items = sum(c for (_, st), c in n.items() if st not in TERMINAL)
     complete = run["decomposed"] and not open_items and \
         processed + finished["failed"] + finished["skipped"] >= total
-    return {"total": total if run["decomposed"] else run["total"], "processed": processed,
+    return {"total": total, "processed": processed,
             **finished, "complete": complete}

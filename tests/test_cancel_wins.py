@@ -108,6 +108,20 @@ def test_rows_a_decomposition_writes_after_the_cancel_are_skipped(store: Store) 
     assert agrees(store, run.id, [STAGE])
 
 
+def test_a_cancelled_run_whose_decomposer_died_counts_the_rows_it_wrote(store: Store) -> None:
+    """The decomposer died after two batches (one row a decomposer's skip) and the run was
+    cancelled before the sweeper resumed it: nobody ever marks a cancelled run decomposed, so
+    the counters must count those rows already, as reconcile does."""
+    run = submit(store, 0, mark=False)
+    insert(store, run.id, range(3))
+    store.items_insert_many(ItemsInsert(run.id, STAGE, [NewItem(3, "k3", None, "skipped",
+                                                                "no address")]))
+    assert store.run_cancel(run.id, "test", None) == 3
+    stored = run_of(store, run.id)
+    assert (stored.total, stored.skipped, stored.decomposed_at) == (4, 4, None)
+    assert agrees(store, run.id, [STAGE])
+
+
 def test_a_cancel_does_not_count_the_closing_entry_as_a_skipped_unit(store: Store) -> None:
     run = submit(store, 1)
     (c,) = claim(store, run.id, 1)

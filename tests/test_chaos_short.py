@@ -56,15 +56,7 @@ def campaign(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[st
                           text=True, timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.parametrize("backend", [
-    "sqlite",
-    # An open defect of issue 21, found by this tier: with lost acknowledgements a run's stored
-    # `total` can stay 0 while its items exist (check R; seed 20261201 round 3, seed 1305
-    # rounds 42, 81, 92). Expected to fail until it is fixed; every other check still runs.
-    pytest.param("postgres", marks=pytest.mark.xfail(
-        reason="issue 21: a lost acknowledgement can leave a run's stored total at 0 "
-               "(check R)", strict=False)),
-])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
     if backend == "postgres":
         pytest.importorskip("psycopg")

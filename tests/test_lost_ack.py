@@ -24,8 +24,11 @@ import psycopg
 import pytest
 from net_faults import CommitCutter
 
+from workledger import Item, Ledger, Skip
 from workledger.core.status import DECOMPOSITION_FAILED
+from workledger.errors import DatabaseUnavailable
 from workledger.runtime.patience import Patience, patient
+from workledger.runtime.reconcile import derive_projection
 from workledger.storage import open_store
 from workledger.storage.doubt import CommitInDoubt
 from workledger.storage.port import (
@@ -210,3 +213,36 @@ def test_an_outcome_learned_after_the_server_is_back_stands(
     assert cutter.cuts == 1 and not cutter.refusing  # it was asked only once the way was back
     failures = [e for e in direct.events_list(run.id) if e.kind == DECOMPOSITION_FAILED]
     assert len(failures) == 1
+
+
+def test_a_decomposition_cut_short_then_cancelled_keeps_its_total(
+        pg_url: str, direct: Store, cutter: CommitCutter) -> None:
+    """The fault campaign's failing rounds (seed 1305 round 92, seed 20261201 round 3): a
+    ``submit`` loses its connection while it writes its third batch (the COMMIT never arrives;
+    the command waits out no outage, so it exits), and an operator cancels the run before the
+    sweeper resumes the decomposition. The sweeper never decomposes a cancelled run, so nothing
+    marks this one decomposed: its stored ``total`` must already count the rows written
+    (docs/design.md, invariant 2), or reconcile finds the run wrong for ever."""
+    submitter = Ledger(cutter.url(pg_url))
+    job = submitter.job(JOB, batch_size=4)
+
+    @job.decompose
+    def split(payload: dict[str, int]) -> Iterator[Item | Skip]:
+        for i in range(payload["n"]):
+            if i == 8:  # two batches are written: the next COMMIT is the third batch's
+                cutter.arm("before")
+            yield Skip(reason="no address", key=f"key-{i}") if i == 5 else Item(key=f"key-{i}")
+
+    job.stage(STAGE)(lambda item, ctx: None)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            job.submit({"n": 16}, key="k1")
+    finally:
+        submitter.close()
+    assert cutter.cuts == 1
+    (run,) = direct.runs_list()
+    assert direct.run_cancel(run.id, "operator", None) == 7  # 8 rows: one a decomposer's skip
+    assert direct.runs_undecomposed(0.0) == []  # the sweeper leaves a cancelled run alone
+    check = direct.run_reconcile(run.id, derive_projection([STAGE]), False, "test")
+    assert (check.derived.total, check.derived.skipped) == (8, 8)
+    assert check.stored == check.derived

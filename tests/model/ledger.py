@@ -133,7 +133,8 @@ def submit(ledger: Ledger, job: str, units: int) -> Ledger:
 def decompose_insert(ledger: Ledger, jobs: dict[str, Job], run: int,
                      skip: frozenset[int] = frozenset(), actor: str = "decomposer"
                      ) -> tuple[Ledger, Moves]:
-    """Every first-stage row, ON CONFLICT DO NOTHING (``items_insert_many``)."""
+    """Every first-stage row, ON CONFLICT DO NOTHING (``items_insert_many``); the new rows
+    count in ``total`` and their skips in ``skipped`` at once, not only at the mark."""
     r, moves, items = ledger.runs[run], [], list(ledger.items)
     first = jobs[r.job].stages[0]
     for seq in range(r.units):
@@ -142,7 +143,12 @@ def decompose_insert(ledger: Ledger, jobs: dict[str, Job], run: int,
             _inserted(items, moves, Item(run, first, seq, state,
                                          reason="skipped" if seq in skip else ""),
                       "insert", "decomposer")
-    return _cancel_wins(ledger._replace(items=tuple(items)), run, actor, moves)
+    ledger = ledger._replace(items=tuple(items))
+    if not moves:  # nothing new: the adapter writes no counter
+        return ledger, moves
+    r = _complete_units(r._replace(total=r.total + len(moves)),
+                        skipped=sum(mv[2] == "skipped" for mv in moves))
+    return _cancel_wins(_run(ledger, run, r), run, actor, moves)
 
 
 def decompose_mark(ledger: Ledger, jobs: dict[str, Job], run: int) -> Ledger:

@@ -242,8 +242,9 @@ class LedgerStore(Overview[C], Dispatching[C]):
         if cancelled:
             tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
             units = sum(1 for r in cancelled if r[1] != CLOSE_STAGE)  # @close is no unit
-            conn.execute(self.Q["run_add_units"], {"run_id": run_id, "processed": 0,
-                                                   "failed": 0, "skipped": units})
+            conn.execute(self.Q["run_add_units"], {"run_id": run_id, "total": 0,
+                                                   "processed": 0, "failed": 0,
+                                                   "skipped": units})
         return len(cancelled)
 
     def _skip_if_cancelled(self, conn: C, run_id: int, actor: str, tally: common.Tally,
@@ -252,7 +253,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
         is pending in it: a cancel wins over every way back to pending (a retry or a hand-off,
         a release, an expired lease, a late decomposition batch), since nothing would ever
         claim it in a cancelled run."""
-        add = units or {"processed": 0, "failed": 0, "skipped": 0}
+        add = {"total": 0, "processed": 0, "failed": 0, "skipped": 0, **(units or {})}
         row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **add}).fetchone()
         if row is not None and row["cancelled_at"] is not None:
             self._cancel_pending(conn, run_id, actor, tally)
@@ -304,7 +305,10 @@ class LedgerStore(Overview[C], Dispatching[C]):
             inserted = self._insert_items(conn, rows)
             tally = common.inserted_tally(params.stage, items, present)
             if inserted:
-                self._skip_if_cancelled(conn, params.run_id, "decomposer", tally)
+                # counted now, not only by the mark: a run cancelled before its cut-short
+                # decomposition was resumed is never marked decomposed (invariant 2)
+                self._skip_if_cancelled(conn, params.run_id, "decomposer", tally,
+                                        common.inserted_units(params.stage, tally))
             self._count(conn, params.run_id, tally)
         common.failpoint("decompose.after_batch")
         return inserted

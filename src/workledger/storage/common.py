@@ -10,7 +10,7 @@ from operator import itemgetter
 from typing import Any
 
 from workledger import failpoints
-from workledger.core.status import count_differences
+from workledger.core.status import CLOSE_STAGE, count_differences
 from workledger.core.text import read_json, reason_text, storable_json
 from workledger.storage.port import (
     ClaimedItem,
@@ -170,6 +170,17 @@ def inserted_tally(stage: str, items: Sequence[NewItem], present: set[int]) -> T
             seen.add(i.seq)
             tally.add(stage, i.state)
     return tally
+
+
+def inserted_units(stage: str, tally: Tally) -> dict[str, int]:
+    """What newly written rows add to the run's unit counters: every first-stage row to
+    ``total``, the decomposer's skips to ``skipped`` (the closing entry is no unit). The mark
+    recounts both from the rows; these keep them right until then, and for a run that is
+    never marked (cancelled while its decomposition was cut short)."""
+    if stage == CLOSE_STAGE:
+        return {}
+    return {"total": sum(tally.delta.values()),
+            "skipped": tally.delta.get((stage, "skipped"), 0)}
 
 
 def reclaim_tallies(items: Iterable[ItemRow]) -> dict[int, Tally]:

@@ -106,13 +106,16 @@ SELECT
      WHERE state = 'unknown' AND run_id = %(run_id)s AND error = %(verify)s) AS verifying;
 
 -- name: run_add_units
+-- total: rows a decomposition batch wrote (0 for every other write; the mark recounts).
 UPDATE wl_runs SET
+    total = total + %(total)s,
     processed = processed + %(processed)s,
     failed = failed + %(failed)s,
     skipped = skipped + %(skipped)s,
     completed_at = CASE
         WHEN decomposed_at IS NOT NULL
-             AND processed + %(processed)s + failed + %(failed)s + skipped + %(skipped)s >= total
+             AND processed + %(processed)s + failed + %(failed)s + skipped + %(skipped)s
+                 >= total + %(total)s
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
 RETURNING cancelled_at;

@@ -103,13 +103,16 @@ SELECT
 FROM (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS t) AS now;
 
 -- name: run_add_units
+-- total: rows a decomposition batch wrote (0 for every other write; the mark recounts).
 UPDATE wl_runs SET
+    total = total + :total,
     processed = processed + :processed,
     failed = failed + :failed,
     skipped = skipped + :skipped,
     completed_at = CASE
         WHEN decomposed_at IS NOT NULL
-             AND processed + :processed + failed + :failed + skipped + :skipped >= total
+             AND processed + :processed + failed + :failed + skipped + :skipped
+                 >= total + :total
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id
 RETURNING cancelled_at;
