@@ -1,13 +1,24 @@
-"""A TCP proxy between a round's processes and PostgreSQL that can lose an acknowledgement.
+"""A real TCP proxy between PostgreSQL and its clients that can lose an acknowledgement: the
+fault campaign's ``lost_ack`` (every process of a round that draws it connects through one) and
+the tests' (tests/net_faults.py imports it from here, so the campaign imports nothing from the
+tests and there is one proxy).
 
-The idea of tests/net_faults.py (``CommitCutter``), kept here so the campaign imports nothing
-from the tests. Every connection is forwarded byte for byte; the client's side is read as the
-frontend protocol (the untyped startup messages, then typed messages), so the proxy knows when
-a client sends ``COMMIT`` (a simple ``Q`` query, as psycopg's ``commit()`` sends it, or a ``P``
-parse followed by its sync). When armed (:meth:`CommitCutter.arm`), the next COMMIT of any
-connection is forwarded, the server's reply is read and thrown away, and both sides are
-closed: the transaction has committed, the client only sees its connection drop while it
-waited for the answer. Everything else passes through untouched.
+``CommitCutter`` listens on a free port of 127.0.0.1 and forwards every connection to the
+server byte for byte. It reads the client's side as the frontend protocol (the untyped startup
+messages, then typed messages), so it knows when a client sends ``COMMIT`` (a simple ``Q``
+query, as psycopg's ``commit()`` sends it, or a ``P`` parse followed by a sync). When armed, it
+acts on the next COMMIT of any connection:
+
+- ``"after"`` (a lost acknowledgement): the COMMIT is forwarded, the server's reply is read and
+  thrown away, then both sides are closed. The transaction has committed; the client only sees
+  its connection drop while it waited for the answer.
+- ``"before"`` (a commit that never arrived): the COMMIT is not forwarded and the client's side
+  is closed, while the server's side stays open, so the server's session sits idle in its
+  transaction ('in progress' to everyone else) until it is terminated or times out.
+
+Each :meth:`CommitCutter.arm` acts on one COMMIT; :meth:`CommitCutter.disarm` drops the arms
+not used yet. Everything else passes through untouched, including the connections opened
+afterwards.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ class _Link:
     client: socket.socket
     server: socket.socket
     muted: bool = False  # the server's bytes are no longer passed to the client
+    wrote: bool = False  # the open transaction sent a statement that writes
     replied: threading.Event = field(default_factory=threading.Event)
 
 
@@ -36,10 +48,15 @@ class CommitCutter:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
-        self._armed = 0  # COMMITs still to cut
-        self.cuts = 0  # COMMITs cut so far
+        self._mode = "after"
+        self._armed = 0  # COMMITs still to act on
+        self._then_refuse = False
+        self._writes_only = False
+        self.cuts = 0  # COMMITs acted on
+        self._cut = threading.Condition(self._lock)
         self._links: list[_Link] = []
         self._closed = False
+        self.refusing = False  # new connections are closed at once (the server unreachable)
         threading.Thread(target=self._accept, daemon=True, name="commit-cutter").start()
 
     def url(self, dsn_url: str) -> str:
@@ -47,14 +64,26 @@ class CommitCutter:
         host, port = self.target
         return dsn_url.replace(f"{host}:{port}", f"127.0.0.1:{self.port}", 1)
 
-    def arm(self) -> None:
-        """Lose the acknowledgement of the next COMMIT any client sends."""
+    def arm(self, mode: str = "after", then_refuse: bool = False,
+            writes_only: bool = False) -> None:
+        """Act on one more COMMIT any client sends (``"after"`` or ``"before"``, above);
+        ``then_refuse``: from that moment on, refuse every new connection; ``writes_only``:
+        only the COMMIT of a transaction that sent an INSERT, UPDATE, DELETE or WITH."""
+        assert mode in ("after", "before")
         with self._lock:
             self._armed += 1
+            self._mode = mode
+            self._then_refuse = then_refuse
+            self._writes_only = writes_only
 
     def disarm(self) -> None:
+        """The arms not used yet are dropped (a campaign's chaos has ended)."""
         with self._lock:
             self._armed = 0
+
+    def wait_cut(self, count: int, timeout: float = 10.0) -> bool:
+        with self._cut:
+            return self._cut.wait_for(lambda: self.cuts >= count, timeout)
 
     def close(self) -> None:
         self._closed = True
@@ -71,10 +100,13 @@ class CommitCutter:
                 client, _addr = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                _close(client)
+                continue
             try:
                 server = socket.create_connection(self.target, timeout=5)
             except OSError:
-                _close(client)  # the server is down (a pg_restart): the client sees it so
+                _close(client)  # the server is down (a restart): the client sees it so
                 continue
             server.settimeout(None)
             link = _Link(client, server)
@@ -82,32 +114,53 @@ class CommitCutter:
             threading.Thread(target=self._upstream, args=(link,), daemon=True).start()
             threading.Thread(target=self._downstream, args=(link,), daemon=True).start()
 
-    def _take(self) -> bool:
+    def _take(self, wrote: bool) -> str | None:
+        """The armed mode, one arm used: only one COMMIT is acted on per ``arm``."""
         with self._lock:
-            if self._armed <= 0:
-                return False
+            if self._armed <= 0 or (self._writes_only and not wrote):
+                return None
             self._armed -= 1
-            return True
+            if self._then_refuse:
+                self.refusing = True
+            return self._mode
+
+    def _counted(self) -> None:
+        with self._cut:
+            self.cuts += 1
+            self._cut.notify_all()
 
     def _upstream(self, link: _Link) -> None:
         """Client to server, message by message."""
         try:
             self._startup(link)
-            cutting = False  # a COMMIT was parsed: cut at its Sync
+            pending: str | None = None  # the mode of a COMMIT parsed, acted on at its Sync
             while True:
                 kind = _read_exact(link.client, 1)
                 (length,) = struct.unpack("!i", _read_exact(link.client, 4))
                 body = _read_exact(link.client, length - 4)
                 message = kind + struct.pack("!i", length) + body
-                if kind in (b"Q", b"P") and _is_commit(kind, body):
-                    cutting = self._take()
-                if cutting and kind in (b"Q", b"S"):
+                if kind in (b"Q", b"P"):
+                    query = _query(kind, body)
+                    if query in _COMMITS:
+                        pending = self._take(link.wrote)
+                    if query in _COMMITS or query.startswith(b"ROLLBACK"):
+                        link.wrote = False
+                    elif query.startswith((b"INSERT", b"UPDATE", b"DELETE", b"WITH")):
+                        link.wrote = True
+                if pending == "before":  # neither the COMMIT nor what follows it is sent
+                    if kind in (b"Q", b"S"):
+                        self._counted()
+                        _close(link.client)  # the server never sees this COMMIT
+                        return
+                    continue
+                if pending == "after" and kind in (b"Q", b"S"):
                     link.muted = True
                     link.server.sendall(message)
                     link.replied.wait(5.0)  # the server answered: it has committed
-                    with self._lock:
-                        self.cuts += 1
-                    break
+                    self._counted()
+                    _close(link.client)
+                    _close(link.server)
+                    return
                 link.server.sendall(message)
         except OSError:
             pass
@@ -143,11 +196,17 @@ class CommitCutter:
             _close(link.client)
 
 
-def _is_commit(kind: bytes, body: bytes) -> bool:
+_COMMITS = (b"COMMIT", b"END", b"COMMIT TRANSACTION", b"COMMIT WORK")
+
+
+def _query(kind: bytes, body: bytes) -> bytes:
+    """The query text of a Q or P message, upper case, comments before it left out."""
     if kind == b"P":  # statement name, then the query, each NUL-terminated
         body = body.split(b"\0", 1)[1] if b"\0" in body else b""
-    query = body.split(b"\0", 1)[0].strip().rstrip(b";").strip().upper()
-    return query in (b"COMMIT", b"END", b"COMMIT TRANSACTION", b"COMMIT WORK")
+    text = body.split(b"\0", 1)[0].strip()
+    while text.startswith(b"--"):  # a statement's leading comment lines
+        text = text.split(b"\n", 1)[1].strip() if b"\n" in text else b""
+    return text.rstrip(b";").strip().upper()
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
