@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workledger.core.states import AWAITING_VERIFY
+from workledger.core.states import AWAITING_VERIFY, ItemState
 from workledger.core.status import (
     CLOSE_STAGE,
     PERMANENT_DECOMPOSITION,
@@ -296,7 +296,7 @@ def _expired(store: Store, runs: _Runs, where: AuditFilter, after: int
 def _attention(store: Store, runs: _Runs, where: AuditFilter, after: int
                ) -> Iterator[tuple[int, Finding]]:
     for i in _paged(store, "attention", where, after):
-        if i.state == "failed":
+        if i.state == ItemState.FAILED:
             yield i.id, _failure(i, runs)
         elif i.error == AWAITING_VERIFY:
             yield i.id, Finding("unknown", i.run_id, str(i.updated_at),
