@@ -5,12 +5,12 @@ derived from them, so a new field is one edit and the three cannot drift."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from workledger.api import ItemRow, RunStatus
-from workledger.http.models import ItemBody, StatusBody, SubmissionBody, body_of
+from workledger.api import RESOLVE_TARGETS, ItemRow, RunStatus
+from workledger.http.models import ItemBody, ResolveRequest, StatusBody, SubmissionBody, body_of
 from workledger.shapes import STATUS_FIELDS
 
 pytestmark = pytest.mark.unit
@@ -45,3 +45,8 @@ def test_a_field_added_to_the_dataclass_is_in_the_schema_with_its_type() -> None
     assert (schema["title"], schema["description"]) == ("GrownBody", "A grown shape.")
     assert list(schema["properties"]) == ["a", "b"] and schema["required"] == ["a", "b"]
     assert schema["properties"]["a"]["type"] == "integer"
+
+
+def test_the_resolve_request_names_the_targets_of_the_resolve_rows() -> None:
+    """A Literal is written out for the type checker: it must stay the table's resolve targets."""
+    assert get_args(ResolveRequest.model_fields["as_state"].annotation) == RESOLVE_TARGETS

@@ -18,6 +18,7 @@ from workledger.core.states import AWAITING_VERIFY, ItemState
 from workledger.core.status import (
     CLOSE_STAGE,
     PERMANENT_DECOMPOSITION,
+    RunState,
     decomposer_needs_person,
 )
 from workledger.errors import BadInput
@@ -316,7 +317,7 @@ def _failure(i: ItemRow, runs: _Runs) -> Finding:
     if ack is not None:
         note = ack.detail.get("note") if isinstance(ack.detail, dict) else None
         reviewed = f"acknowledged {ack.at} by {ack.actor or 'operator'}: {note}"
-    elif status is not None and status.state == "completed_with_failures":
+    elif status is not None and status.state == RunState.COMPLETED_WITH_FAILURES:
         reviewed = (f"within tolerance: run {i.run_id} finished completed_with_failures "
                     f"({status.failed} of {status.total} units failed)")
     elif i.stage == CLOSE_STAGE:
