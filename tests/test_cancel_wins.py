@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from writes_support import write_of
 
 from workledger import Ledger, Permanent
 from workledger.core.status import CLOSE_STAGE
@@ -126,7 +127,7 @@ def test_a_cancel_does_not_count_the_closing_entry_as_a_skipped_unit(store: Stor
     run = submit(store, 1)
     (c,) = claim(store, run.id, 1)
     store.items_finish_if_leased(FinishParams(run.id, [Finish(
-        c.id, c.lease_token, "processed", None, None, None, 1, "processed")]))
+        c.id, c.lease_token, write_of("processed"))]))
     insert(store, run.id, [0], stage=CLOSE_STAGE)  # the sweeper is about to close it
     assert store.run_cancel(run.id, "test", None) == 1
     stored = run_of(store, run.id)

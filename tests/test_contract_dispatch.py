@@ -22,6 +22,7 @@ from test_contract_store import (
     submit,
 )
 from test_migrations import raw
+from writes_support import write_of
 
 from workledger.storage import dispatching, open_store
 from workledger.storage.port import (
@@ -129,8 +130,8 @@ def test_claim_by_identity_takes_nothing_in_a_cancelled_run(store: Store) -> Non
 def test_claim_by_identity_takes_a_retry_only_once_it_is_due(store: Store) -> None:
     run = decomposed(store, 1)
     (c,) = by_identity(store, run.id, [0])
-    store.items_finish_if_leased(FinishParams(run.id, [Finish(c.id, c.lease_token, "pending",
-                                                              delay=0.4, event="x")]))
+    store.items_finish_if_leased(FinishParams(run.id, [Finish(c.id, c.lease_token,
+                                                              write_of("pending"), delay=0.4)]))
     assert by_identity(store, run.id, [0]) == []
     again = poll(lambda: by_identity(store, run.id, [0]), "the retry to come due")
     assert again[0].lease_token > c.lease_token
@@ -158,10 +159,10 @@ def test_a_claim_by_identity_is_fenced_like_any_claim(store: Store) -> None:
     assert len(reclaim(store)) == 1
     (d,) = by_identity(store, run.id, [0])
     stale = store.items_finish_if_leased(FinishParams(run.id, [Finish(
-        c.id, c.lease_token, "processed", unit="processed")]))
+        c.id, c.lease_token, write_of("processed"))]))
     assert stale.stale == [c.id] and stale.applied == []
     assert store.items_finish_if_leased(FinishParams(run.id, [Finish(
-        d.id, d.lease_token, "processed", unit="processed")])).applied == [d.id]
+        d.id, d.lease_token, write_of("processed"))])).applied == [d.id]
 
 
 # -- what is owed a message --------------------------------------------------------------------
@@ -244,8 +245,8 @@ def test_a_claimed_item_is_owed_a_message_as_soon_as_it_is_pending_again(store: 
     a, b, c = by_identity(store, run.id, [0, 1, 2])
     store.items_release(LeaseParams(run.id, [a.id], a.lease_token))
     store.items_finish_if_leased(FinishParams(run.id, [
-        Finish(b.id, b.lease_token, "pending", delay=0.3, event="retry_scheduled"),
-        Finish(c.id, c.lease_token, "processed", unit="processed")]))
+        Finish(b.id, b.lease_token, write_of("pending"), delay=0.3),
+        Finish(c.id, c.lease_token, write_of("processed"))]))
     assert store.items_owed(run.id, 100) == [(S1, 0)]  # the retry is not due yet
     poll(lambda: len(store.items_owed(run.id, 100)) == 2, "the retry to come due")
 
@@ -256,7 +257,8 @@ def test_a_hand_off_row_is_owed_what_its_previous_row_was(ledger: Any) -> None:
     store.items_mark_dispatched(DispatchMark(run.id, S1, [0, 1], wait=3600.0))
     got = by_identity(store, run.id, [0, 1])
     store.items_finish_if_leased(FinishParams(run.id, [
-        Finish(i.id, i.lease_token, "processed", next_stage=S2) for i in got]))
+        Finish(i.id, i.lease_token, write_of("processed", last=False), next_stage=S2)
+        for i in got]))
     # the publisher died before marking the hand-off's message: the sweeper owes it now
     assert store.items_owed(run.id, 100) == [(S2, 0), (S2, 1)]
     assert store.items_mark_dispatched(DispatchMark(run.id, S2, [0, 1], wait=3600.0)) == [0, 1]
@@ -268,7 +270,8 @@ def test_a_hand_off_of_an_item_claimed_without_a_broker_owes_nothing(store: Stor
     run = decomposed(store, 1)
     got = claim(store, run.id)
     store.items_finish_if_leased(FinishParams(run.id, [
-        Finish(i.id, i.lease_token, "processed", next_stage=S2) for i in got]))
+        Finish(i.id, i.lease_token, write_of("processed", last=False), next_stage=S2)
+        for i in got]))
     assert store.items_owed(run.id, 100) == []
     assert store.run_counts(run.id) == {S1: {"processed": 1}, S2: {"pending": 1}}
 

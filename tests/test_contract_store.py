@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from waiting import poll
+from writes_support import write_of
 
 from workledger import failpoints
 from workledger.storage import open_store
@@ -131,9 +132,9 @@ def done(c: ClaimedItem, state: str = "processed", unit: str | None = "", **kw: 
 
     ``unit`` defaults to the counter a terminal state moves (none for pending or unknown).
     """
-    if unit == "":
-        unit = state if state in ("processed", "failed", "skipped") else None
-    return Finish(id=c.id, lease_token=c.lease_token, state=state, unit=unit, **kw)
+    kw.pop("event", None)  # the write names its event kind
+    write = write_of(state, last=unit is not None, record=False)
+    return Finish(id=c.id, lease_token=c.lease_token, write=write, **kw)
 
 
 def lease(
@@ -505,7 +506,7 @@ def test_finish_with_the_holders_token_applies(store: Store) -> None:
 def test_finish_writes_a_whole_chunk_and_reports_applied_and_stale(store: Store) -> None:
     run = decomposed(store, 3)
     a, b, c = claim(store, run.id)
-    bad = Finish(id=c.id, lease_token=c.lease_token + 1000, state="processed")
+    bad = Finish(id=c.id, lease_token=c.lease_token + 1000, write=write_of("processed"))
     result = finish(store, run.id, done(a), done(b, "failed", error="gone"), bad)
     assert sorted(result.applied) == [a.id, b.id]
     assert result.stale == [c.id]
@@ -520,7 +521,7 @@ def test_stale_token_finish_changes_nothing_and_is_recorded(store: Store) -> Non
     result = finish(
         store,
         run.id,
-        Finish(id=c.id, lease_token=wrong, state="processed", result='"late"', unit="processed"),
+        Finish(id=c.id, lease_token=wrong, write=write_of("processed"), result='"late"'),
     )
     assert (result.applied, result.stale) == ([], [c.id])
     assert rows(store, run.id) == before
@@ -780,7 +781,8 @@ def test_finish_with_next_stage_inserts_the_next_row_only_when_applied(store: St
         store,
         run.id,
         done(a, unit=None, next_stage=S2),
-        Finish(id=b.id, lease_token=b.lease_token + 1000, state="processed", next_stage=S2),
+        Finish(id=b.id, lease_token=b.lease_token + 1000, write=write_of("processed", False),
+               next_stage=S2),
     )
     assert result.applied == [a.id]
     (nxt,) = rows(store, run.id, stage=S2)

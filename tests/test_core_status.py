@@ -232,3 +232,32 @@ def test_failures_allowed_by_fraction_or_count(
 def test_failures_allowed_refuses_negative_or_boolean_tolerance(tolerate: Any) -> None:
     with pytest.raises(ValueError):
         failures_allowed(10, tolerate)
+
+
+# -- the state words: one enum each, every list derived -----------------------------------------
+
+
+def test_the_state_lists_keep_their_words_and_order() -> None:
+    """Str-valued enums, so what `items --state`, `runs --state`, the pages and the JSON say is
+    byte for byte what it was when these lists were written out by hand."""
+    from workledger.core.states import ITEM_STATES, ItemState
+    from workledger.core.status import RUN_STATES, RunState
+
+    assert ITEM_STATES == ("pending", "claimed", "unknown", "processed", "failed", "skipped")
+    assert RUN_STATES == ("accepted", "running", "paused", "recovery_pending", "awaiting_repair",
+                          "completed", "completed_with_failures", "failed", "cancelled")
+    assert all(isinstance(s, str) and f"{s}" == s.value for s in [*ItemState, *RunState])
+
+
+@given(st.booleans(), st.integers(0, 20), st.integers(1, 20),
+       st.one_of(st.integers(0, 5), st.floats(0, 0.99)))
+def test_a_complete_run_is_in_the_state_finished_state_gives(
+        cancelled: bool, failed: int, total: int, tolerate: float) -> None:
+    """The metrics count complete runs in groups by ``finished_state``; ``derive`` agrees."""
+    from workledger.core.status import finished_state
+
+    failed = min(failed, total)
+    counts = {"s": {"processed": total - failed, "failed": failed}}
+    d = derive(RunFacts(["s"], counts, decomposed=True, cancelled=cancelled, tolerate=tolerate))
+    assert d.complete
+    assert d.state is finished_state(cancelled, failed, total, tolerate)

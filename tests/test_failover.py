@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from pg_cluster import Cluster
+from writes_support import write_of
 
 from workledger.runtime.patience import Patience, patient
 from workledger.storage import doubt, open_store
@@ -54,7 +55,7 @@ def failover_url(c: Cluster) -> str:
 
 
 def processed(item_id: int, token: int) -> Finish:
-    return Finish(id=item_id, lease_token=token, state="processed", unit="processed")
+    return Finish(id=item_id, lease_token=token, write=write_of("processed"))
 
 
 def lose_the_primary_and_promote(c: Cluster) -> None:
@@ -168,7 +169,7 @@ def test_every_fenced_write_compares_the_whole_token(pg_url: str) -> None:
             one_shape = store.items_finish_if_leased(FinishParams(
                 run.id, [processed(i, other) for i in ids]))
             many_shapes = store.items_finish_if_leased(FinishParams(run.id, [
-                Finish(id=i, lease_token=other, state=state, unit=state, result=json.dumps(n))
+                Finish(id=i, lease_token=other, write=write_of(state), result=json.dumps(n))
                 for n, (i, state) in enumerate(zip(ids, ["processed", "failed", "skipped"],
                                                    strict=True))]))
             assert one_shape.applied == many_shapes.applied == []

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from net_faults import CommitCutter
+from writes_support import write_of
 
 from workledger import Item, Ledger, Skip
 from workledger.core.status import DECOMPOSITION_FAILED
@@ -104,7 +105,7 @@ def test_a_retried_finish_reports_its_outcomes_applied_not_stale(
     held = claim(direct, run.id)
     cutter.arm("after")
     result = through.items_finish_if_leased(FinishParams(run.id, [
-        Finish(id=c.id, lease_token=c.lease_token, state="processed", unit="processed")
+        Finish(id=c.id, lease_token=c.lease_token, write=write_of("processed"))
         for c in held]))
     assert cutter.cuts == 1
     assert (result.applied, result.stale) == (sorted(c.id for c in held), [])

@@ -14,7 +14,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from conftest import BACKENDS
+from writes_support import write_of
 
+from workledger.core import writes
 from workledger.errors import DatabaseUnavailable
 from workledger.storage.port import (
     ClaimParams,
@@ -119,10 +121,9 @@ def test_claim_finish_and_count(pg: PostgresStore) -> None:
     assert pg.items_heartbeat(LeaseParams(run_id, ids, token, lease_seconds=60)) == 5
     assert pg.items_heartbeat(LeaseParams(run_id, ids, token + 1000, lease_seconds=60)) == 0
 
-    finishes = [Finish(id=i, lease_token=token, state="processed", result='{"ok": true}',
-                       charge=0, unit="processed") for i in ids[:4]]
-    finishes.append(Finish(id=ids[4], lease_token=token + 1000, state="processed",
-                           unit="processed"))
+    finishes = [Finish(id=i, lease_token=token, write=write_of("processed"),
+                       result='{"ok": true}', charge=0) for i in ids[:4]]
+    finishes.append(Finish(id=ids[4], lease_token=token + 1000, write=write_of("processed")))
     result = pg.items_finish_if_leased(FinishParams(run_id, finishes))
     assert result.applied == ids[:4] and result.stale == [ids[4]]
 
@@ -155,9 +156,10 @@ def test_retry_handoff_release_and_reclaim(pg: PostgresStore) -> None:
                                             record_event=True))
     t = a.lease_token
     result = pg.items_finish_if_leased(FinishParams(run_id, [
-        Finish(id=a.id, lease_token=t, state="pending", error="timeout", delay=60,
-               event="retry_scheduled", detail='{"delay": 60}'),
-        Finish(id=b.id, lease_token=t, state="processed", next_stage="deliver"),
+        Finish(id=a.id, lease_token=t, write=write_of("pending"), error="timeout", delay=60,
+               detail='{"delay": 60}'),
+        Finish(id=b.id, lease_token=t, write=write_of("processed", last=False),
+               next_stage="deliver"),
     ]))
     assert result.applied == [a.id, b.id]
     assert [e.kind for e in pg.events_list(run_id, a.id)] == ["claimed", "retry_scheduled"]
@@ -197,15 +199,14 @@ def test_operator_moves_and_reconcile(pg: PostgresStore) -> None:
     assert pg.run_set_paused(run_id, False, "ops", None) is True
     (held,) = pg.items_claim(ClaimParams(run_id=run_id, limit=1, lease_seconds=30))
     pg.items_finish_if_leased(FinishParams(run_id, [
-        Finish(id=held.id, lease_token=held.lease_token, state="failed", error="bad input",
-               unit="failed")]))
+        Finish(id=held.id, lease_token=held.lease_token, write=write_of("failed"),
+               error="bad input")]))
     assert [i.id for i in pg.items_attention(["failed"])] == [held.id]
 
     moved = pg.items_settle(SettleParams(run_id=run_id, from_state="failed", settles=[
-        Settle(id=held.id, state="pending", reset_attempts=True, unit_removed="failed",
-               event="redrive")]))
+        Settle(id=held.id, write=writes.redriven("generate"), reset_attempts=True)]))
     again = pg.items_settle(SettleParams(run_id=run_id, from_state="failed", settles=[
-        Settle(id=held.id, state="pending", unit_removed="failed")]))
+        Settle(id=held.id, write=writes.redriven("generate"))]))
     assert (moved.applied, again.stale) == ([held.id], [held.id])
     assert pg.items_list(ItemsQuery(run_id=run_id, seq=held.seq))[0].state == "pending"
 

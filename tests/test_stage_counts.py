@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from writes_support import write_of
 
 from workledger import Item, Ledger, Permanent
 from workledger.storage.port import ClaimParams, Finish, FinishParams
@@ -40,7 +41,8 @@ def test_status_without_the_job_lists_stages_in_the_order_they_ran(db_url: str) 
         claimed = ledger.store.items_claim(ClaimParams(run_id, 10, 30.0))
         assert {c.stage for c in claimed} == {"generate"} and len(claimed) == 6
         ledger.store.items_finish_if_leased(FinishParams(run_id, [
-            Finish(c.id, c.lease_token, "processed", next_stage="deliver") for c in claimed]))
+            Finish(c.id, c.lease_token, write_of("processed", False), next_stage="deliver")
+            for c in claimed]))
     with Ledger(db_url) as bare:  # no job definitions: stages come from the ledger
         status = bare.status(run_id)
         assert list(status.counts) == ["generate", "deliver"]

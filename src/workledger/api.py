@@ -17,7 +17,8 @@ from typing import Any, TextIO
 
 from workledger.core import durations, limits
 from workledger.core.durations import seconds_of
-from workledger.core.status import CLOSE_STAGE
+from workledger.core.states import ATTENTION, ITEM_STATES, TERMINAL, ItemState
+from workledger.core.status import CLOSE_STAGE, RUN_STATES, RunState
 from workledger.core.text import mask_secrets, url_secrets, visible
 from workledger.errors import (
     BadInput,
@@ -69,18 +70,18 @@ from workledger.storage.port import (
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime, the storage
 # and the core only through this module (the input limits, masking and showing text).
 __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS",
-           "RUN_STATES",
+           "RUN_STATES", "TERMINAL", "ItemState", "RunState",
            "Finding", "FindingGroup", "History", "ItemRow", "Ledger", "MetricsSnapshot",
            "PruneReport", "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport",
            "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
            "mask_secrets", "masked_url", "open_private", "parse_duration", "same_database",
            "since_time", "url_secrets", "visible"]
 
-ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
-# Every state core/status.py:derive can give a run.
-RUN_STATES = ("accepted", "running", "paused", "recovery_pending", "awaiting_repair",
-              "completed", "completed_with_failures", "failed", "cancelled")
-ATTENTION_STATES = ("failed", "unknown")  # listed through their own index
+# the states' words come from their enums in core (ITEM_STATES, RUN_STATES: every state
+# core/status.py:derive can give a run); failed and unknown items are listed through an index
+# of their own, and reasons are kept for them and for skipped ones
+ATTENTION_STATES = tuple(s.value for s in ATTENTION)
+REASON_STATES = (*ATTENTION_STATES, ItemState.SKIPPED.value)
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,7 @@ class Ledger:
             inputs.check_id("item", seq)
         run = self._run(run_id)
         job = self.jobs.get(run.job)
-        if job is None and as_state == "processed":
+        if job is None and as_state == ItemState.PROCESSED:
             raise UsageError(f"resolving as processed needs the definition of job {run.job!r} "
                              "(its next stage): pass --app module:attribute")
         return run, job
@@ -602,14 +603,14 @@ class Ledger:
                 groups: int = 50) -> list[ReasonGroup]:
         """The run's failed, skipped or unknown items (the first ``window``) grouped by
         stage and reason, largest group first."""
-        if state not in ("failed", "skipped", "unknown"):
+        if state not in REASON_STATES:
             raise BadInput(f"reasons are kept for failed, skipped and unknown items, not {state}")
-        if state != "skipped":  # through the attention index: cheap
+        if state != ItemState.SKIPPED:  # through the attention index: cheap
             return self.store.run_reasons(run_id, state, window, groups)
         # No index holds skipped items, so grouping them walks the run. But nothing leaves
         # `skipped` and its reason never changes: while the run's count of skipped items is
         # the same, so are the groups, and they are kept for the next reader.
-        skipped = sum(c.get("skipped", 0) for c in self.store.run_counts(run_id).values())
+        skipped = sum(c.get(ItemState.SKIPPED, 0) for c in self.store.run_counts(run_id).values())
         key = (run_id, window, groups)
         with self._lock:
             kept = self._skips.get(key)

@@ -14,9 +14,18 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from workledger.api import CLOSE_STAGE, Ledger, RunStatus, visible
+from workledger.api import (
+    CLOSE_STAGE,
+    ITEM_STATES,
+    TERMINAL,
+    ItemState,
+    Ledger,
+    RunStatus,
+    visible,
+)
 
-ITEM_STATES = ("pending", "claimed", "unknown", "processed", "failed", "skipped")
+# a unit that ends before the last stage ends failed or skipped (it is processed only there)
+_ENDED_EARLY = tuple(s.value for s in TERMINAL - {ItemState.PROCESSED})
 
 
 def counts_line(counts: dict[str, int]) -> str:
@@ -33,8 +42,8 @@ def stage_order(ledger: Ledger, st: RunStatus) -> list[str]:
 def stage_done(st: RunStatus, stages: list[str], i: int) -> int:
     """Units past stage ``i``: its terminal items plus units that ended in an earlier stage."""
     counts = st.counts.get(stages[i], {})
-    here = sum(counts.get(s, 0) for s in ("processed", "failed", "skipped"))
-    before = sum(st.counts.get(s, {}).get(x, 0) for s in stages[:i] for x in ("failed", "skipped"))
+    here = sum(counts.get(s, 0) for s in TERMINAL)
+    before = sum(st.counts.get(s, {}).get(x, 0) for s in stages[:i] for x in _ENDED_EARLY)
     return here + before
 
 

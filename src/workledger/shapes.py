@@ -7,21 +7,23 @@ status, a submission, an item, an item's history, an audit finding, a reconcile 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
+from workledger.api import RunStatus
+
 if TYPE_CHECKING:
-    from workledger.api import Finding, RunStatus
+    from workledger.api import Finding
     from workledger.runtime.operations import History
     from workledger.storage.port import ItemRow, Reconciled
 
-STATUS_FIELDS = ("run_id", "job", "key", "state", "total", "complete", "counts", "processed",
-                 "failed", "skipped", "next", "created_at", "decomposed_at", "completed_at",
-                 "error")
+# A status and an item are their dataclasses' fields, in order (runtime/results.py RunStatus,
+# storage/port.py ItemRow): a new field there is in --json, the API and /openapi.json at once.
+STATUS_FIELDS = tuple(f.name for f in fields(RunStatus))
 
 
 def status_dict(st: RunStatus) -> dict[str, Any]:
-    """The JSON shape of a run's status: a contract, so new RunStatus fields stay out of it."""
+    """The JSON shape of a run's status: every field of RunStatus."""
     values = st.to_dict()
     return {name: values[name] for name in STATUS_FIELDS}
 

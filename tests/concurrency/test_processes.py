@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from waiting import poll
+from writes_support import write_of
 
 from workledger.api import differences
 from workledger.storage.port import (
@@ -482,7 +483,7 @@ def test_stale_token_is_fenced_at_the_store_port(make_ledger: Callable[..., Any]
     token_b = b[0].lease_token
     assert token_b != token_a
     done_b = store.items_finish_if_leased(FinishParams(run_id, [
-        Finish(i.id, token_b, "processed", result='"B"', unit="processed") for i in b],
+        Finish(i.id, token_b, write_of("processed"), result='"B"') for i in b],
         actor="B"))
     assert done_b.applied == ids and done_b.stale == []
     before = all_items(ledger, run_id)
@@ -492,7 +493,7 @@ def test_stale_token_is_fenced_at_the_store_port(make_ledger: Callable[..., Any]
     assert store.items_release(LeaseParams(run_id, ids, token_a)) == 0
     assert store.items_mark_started(LeaseParams(run_id, ids, token_a)) == []
     late = store.items_finish_if_leased(FinishParams(run_id, [
-        Finish(i.id, token_a, "failed", error="late", unit="failed") for i in a], actor="A"))
+        Finish(i.id, token_a, write_of("failed"), error="late") for i in a], actor="A"))
     assert late.applied == [] and sorted(late.stale) == ids
 
     after = all_items(ledger, run_id)

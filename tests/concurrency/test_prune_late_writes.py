@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from writes_support import write_of
 
 from workledger.runtime import retention
 from workledger.storage.port import ClaimParams, Finish, FinishParams, ItemsQuery, NewEvent
@@ -78,7 +79,8 @@ def test_no_late_writer_leaves_an_event_of_a_pruned_run(
 
     item = claimed[0]
     store.items_finish_if_leased(FinishParams(run_id, [Finish(
-        item.id, item.lease_token or 0, "processed", result='{"late": true}')], "late"))
+        item.id, item.lease_token or 0, write_of("processed"), result='{"late": true}')],
+        "late"))
     store.events_add([NewEvent(run_id, "acknowledged", actor="late")])
     assert store.items_claim(ClaimParams(run_id, 10, 30.0, actor="late")) == []
     assert events_of(ledger, run_id) == 0

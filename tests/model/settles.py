@@ -82,6 +82,8 @@ def resolve(ledger: Ledger, jobs: dict[str, Job], idx: int, as_state: str
     job = jobs[ledger.runs[it.run].job]
     nxt = job.next_stage(it.stage) if as_state == "processed" else None
     unit = {"processed": None if nxt else "processed", "failed": "failed"}.get(as_state)
+    if it.stage == CLOSE:  # the closing entry is no unit (core/writes.py unit_of)
+        unit = None
     s = Settle(idx, as_state, "resolve", unit=unit, next_stage=nxt)
     ledger, _, moves = settle(ledger, it.run, "unknown", [s], "operator")
     return ledger, moves

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
-from workledger.api import CLOSE_STAGE, Ledger, RunStatus, limits, visible
-from workledger.progress import ITEM_STATES, counts_line, stage_order
+from workledger.api import CLOSE_STAGE, ITEM_STATES, Ledger, RunStatus, limits, visible
+from workledger.progress import counts_line, stage_order
 from workledger.shapes import status_dict
 
 __all__ = ["ID", "ITEM_STATES", "LIMIT", "JsonList", "Seconds", "console", "echo_json",

@@ -15,6 +15,7 @@ from workledger.api import (
     RESOLVE_TARGETS,
     Finding,
     FindingGroup,
+    ItemState,
     Ledger,
     group_findings,
     limits,
@@ -99,7 +100,7 @@ def resolve(settings: Settings, run_id: int, stage: str, seqs: tuple[int, ...],
         raise UsageError("say which items: --item SEQ (repeatable) or --all-unknown")
     if all_unknown and not (note and note.strip()):
         raise UsageError("--all-unknown settles many items at once: say why with --note")
-    ledger = settings.ledger(app=as_state == "processed")
+    ledger = settings.ledger(app=as_state == ItemState.PROCESSED)  # its next stage
     if len(seqs) == 1:
         if not ledger.resolve(run_id, stage, seqs[0], as_state, note=note):
             raise UsageError(f"item {seqs[0]} of stage {stage!r} was settled by someone else "

@@ -14,12 +14,15 @@ from typing import NamedTuple
 
 
 class ItemState(StrEnum):
-    PENDING = "pending"
-    CLAIMED = "claimed"
-    PROCESSED = "processed"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    UNKNOWN = "unknown"
+    """An item's state (``wl_items.state``), in the order lists show them: in flight, in doubt,
+    terminal. Str-valued: a member is the very word stored, printed and answered."""
+
+    PENDING = "pending"  # a worker (or a broker's task) claims it; a cancel skips it
+    CLAIMED = "claimed"  # its holder finishes or releases it; the sweeper takes it back
+    UNKNOWN = "unknown"  # the sweeper's verify hook, or a person (resolve), settles it
+    PROCESSED = "processed"  # terminal
+    FAILED = "failed"  # terminal, but a person may redrive it
+    SKIPPED = "skipped"  # terminal
 
 
 class Actor(StrEnum):
@@ -48,6 +51,9 @@ LOST_TWICE = f"{LEASE_EXPIRED}: again: its holder vanished again while running i
 TERMINAL: frozenset[ItemState] = frozenset(
     {ItemState.PROCESSED, ItemState.FAILED, ItemState.SKIPPED}
 )
+ITEM_STATES: tuple[str, ...] = tuple(s.value for s in ItemState)  # `items --state`, the pages
+# the states a person is alerted to, each listed through an index of its own (items_attention)
+ATTENTION: tuple[ItemState, ...] = (ItemState.FAILED, ItemState.UNKNOWN)
 
 
 class Move(NamedTuple):

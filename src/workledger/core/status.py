@@ -8,8 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from workledger.core.states import ItemState
+from workledger.core.states import TERMINAL, ItemState
+
+
+class RunState(StrEnum):
+    """A run's state, derived by :func:`derive` (never stored), in the order lists show them.
+    Str-valued: a member is the very word printed and answered."""
+
+    ACCEPTED = "accepted"  # recorded, not yet decomposed: the decomposer (or sweeper) moves it
+    RUNNING = "running"  # workers finish its items
+    PAUSED = "paused"  # a person resumes it
+    RECOVERY_PENDING = "recovery_pending"  # the sweeper takes back leases; retries fall due
+    AWAITING_REPAIR = "awaiting_repair"  # unknown items: the verify hook or a person
+    COMPLETED = "completed"  # finished
+    COMPLETED_WITH_FAILURES = "completed_with_failures"  # finished, failures tolerated
+    FAILED = "failed"  # finished, or its decomposer failed: a person redrives or resubmits
+    CANCELLED = "cancelled"  # a person cancelled it
+
+
+RUN_STATES: tuple[str, ...] = tuple(s.value for s in RunState)  # `runs --state`, the pages
 
 Counts = Mapping[str, Mapping[str, int]]  # stage -> state -> n
 
@@ -56,7 +75,7 @@ class Units:
 
 @dataclass(frozen=True)
 class Derived:
-    state: str
+    state: RunState
     complete: bool
     units: Units
     next: str
@@ -110,9 +129,22 @@ def settledness(stages: Sequence[str], counts: Counts, decomposed: bool) -> tupl
         n
         for states in own.values()
         for state, n in states.items()
-        if state not in ("processed", "failed", "skipped")
+        if state not in TERMINAL
     )
     return units, unsettled, decomposed and unsettled == 0 and units.finished >= units.total
+
+
+def finished_state(cancelled: bool, failed: int, total: int,
+                   tolerate: float | int) -> RunState:
+    """The state of a complete run, from its failed units and the tolerance it runs under (the
+    metrics count complete runs by this, in groups, without deriving each)."""
+    if cancelled:
+        return RunState.CANCELLED
+    if failed == 0:
+        return RunState.COMPLETED
+    if failed <= failures_allowed(total, tolerate):
+        return RunState.COMPLETED_WITH_FAILURES
+    return RunState.FAILED
 
 
 def decomposer_needs_person(error: str | None, failures: int) -> bool:
@@ -132,29 +164,27 @@ def derive(facts: RunFacts) -> Derived:
     units, unsettled, complete = settledness(facts.stages, facts.counts, facts.decomposed)
     unknown = sum(_n(facts.counts, s, ItemState.UNKNOWN) for s in work_counts(facts.counts))
     if facts.cancelled:
-        state = "cancelled"
+        state = RunState.CANCELLED
         nxt = "nobody: cancelled" if unsettled == 0 else "workers"
     elif not facts.decomposed and (facts.error or "").startswith(PERMANENT_DECOMPOSITION):
-        state, nxt = "failed", "operator: fix the decomposer, then resubmit under a new key"
+        state = RunState.FAILED
+        nxt = "operator: fix the decomposer, then resubmit under a new key"
     elif not facts.decomposed:
-        state, nxt = "accepted", _decomposer_next(facts)
+        state, nxt = RunState.ACCEPTED, _decomposer_next(facts)
     elif complete:
-        if units.failed == 0:
-            state, nxt = "completed", "nobody: complete"
-        elif units.failed <= failures_allowed(units.total, facts.tolerate):
-            state, nxt = "completed_with_failures", "nobody: complete"
-        else:
-            state, nxt = "failed", f"operator: retry {units.failed} failed items"
+        state = finished_state(False, units.failed, units.total, facts.tolerate)
+        nxt = (f"operator: retry {units.failed} failed items" if state is RunState.FAILED
+               else "nobody: complete")
     elif unknown:
-        state = "awaiting_repair"
+        state = RunState.AWAITING_REPAIR
         if unknown > facts.verifying:
             nxt = f"operator: resolve {unknown - facts.verifying} unknown items"
         else:
             nxt = f"sweeper: asks the verify hook of {unknown} items"
     elif facts.paused:
-        state, nxt = "paused", "operator: resume"
+        state, nxt = RunState.PAUSED, "operator: resume"
     elif facts.expired_leases or (facts.retries_waiting and facts.retries_waiting == unsettled):
-        state, nxt = "recovery_pending", "sweeper" if facts.expired_leases else "workers"
+        state, nxt = RunState.RECOVERY_PENDING, "sweeper" if facts.expired_leases else "workers"
     else:
-        state, nxt = "running", "workers"
+        state, nxt = RunState.RUNNING, "workers"
     return Derived(state=state, complete=complete, units=units, next=nxt, unsettled=unsettled)

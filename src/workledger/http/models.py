@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from dataclasses import fields
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
 from fastapi import Path, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
+
+from workledger.api import ItemRow, RunStatus
 
 # Ids and seqs are 64-bit in both databases: larger numbers are bad input, not a driver error.
 MAX_ID = 2**63 - 1
@@ -16,24 +19,22 @@ After = Annotated[int | None, Query(ge=0, le=MAX_ID,
                                     description="the cursor from the last page's next")]
 
 
-class StatusBody(BaseModel):
-    """A run's status: exactly ``workledger status --json``."""
+def body_of(shape: type[Any], name: str, doc: str) -> type[BaseModel]:
+    """The schema of a body made from a dataclass's fields, in their order, each required (a
+    body always carries every field): the dataclass is the one definition of the shape, so a
+    new field is one edit there, in the body (shapes.py) and in this schema alike."""
+    hints = get_type_hints(shape)
+    spec: dict[str, Any] = {f.name: (hints[f.name], ...) for f in fields(shape)}
+    return create_model(name, __doc__=doc, __module__=__name__, **spec)
 
-    run_id: int
-    job: str
-    key: str
-    state: str
-    total: int
-    complete: bool
-    counts: dict[str, dict[str, int]]
-    processed: int
-    failed: int
-    skipped: int
-    next: str
-    created_at: str
-    decomposed_at: str | None
-    completed_at: str | None
-    error: str | None
+
+if TYPE_CHECKING:  # made at import from the dataclasses; to a type checker, models
+    StatusBody = BaseModel
+    ItemBody = BaseModel
+else:
+    StatusBody = body_of(RunStatus, "StatusBody",
+                         "A run's status: exactly ``workledger status --json``.")
+    ItemBody = body_of(ItemRow, "ItemBody", "An item: the fields of ``workledger items --json``.")
 
 
 class SubmissionBody(StatusBody):
@@ -45,27 +46,6 @@ class SubmissionBody(StatusBody):
 class RunsBody(BaseModel):
     runs: list[StatusBody]
     next: int | None = Field(description="the cursor of the next page (after=...), or null")
-
-
-class ItemBody(BaseModel):
-    """An item: the fields of ``workledger items --json``."""
-
-    id: int
-    run_id: int
-    stage: str
-    seq: int
-    key: str | None
-    data: Any
-    state: str
-    attempts: int
-    lease_until: str | None
-    not_before: str | None
-    lease_token: int | None
-    result: Any
-    error: str | None
-    created_at: str
-    updated_at: str
-    started_at: str | None
 
 
 class ItemsBody(BaseModel):

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from workledger.api import ITEM_STATES, RUN_STATES, Ledger, RunStatus
+from workledger.api import ITEM_STATES, RUN_STATES, ItemState, Ledger, RunState, RunStatus
 from workledger.errors import BadInput, UsageError, WorkledgerError
 from workledger.http import views
 from workledger.http.auth import OPEN_ACTOR, Principal, navigated_here
@@ -80,11 +80,11 @@ def run(request: Request, run_id: RunId) -> HTMLResponse:
         if request.headers.get("hx-request") == "true":
             return _page(request, "_run_live.html", **context)
         context.update(
-            unknown=ledger.items_page(run_id, state="unknown", limit=20),
-            failed=ledger.items_page(run_id, state="failed", limit=20),
-            failures=ledger.reasons(run_id, "failed"),
-            skipped=sum(c.get("skipped", 0) for c in st.counts.values()),
-            paused=st.state == "paused")
+            unknown=ledger.items_page(run_id, state=ItemState.UNKNOWN, limit=20),
+            failed=ledger.items_page(run_id, state=ItemState.FAILED, limit=20),
+            failures=ledger.reasons(run_id, ItemState.FAILED),
+            skipped=sum(c.get(ItemState.SKIPPED, 0) for c in st.counts.values()),
+            paused=st.state == RunState.PAUSED)
     except WorkledgerError as exc:
         return error_page(request, exc)
     return _page(request, "run.html", **context)
@@ -95,7 +95,7 @@ def skips(request: Request, run_id: RunId) -> HTMLResponse:
     """Skips by reason: no index holds skipped items, so this walks the run until it has found
     them; the run page loads it after itself instead of waiting for it."""
     try:
-        groups = _ledger(request).reasons(run_id, "skipped")
+        groups = _ledger(request).reasons(run_id, ItemState.SKIPPED)
     except WorkledgerError as exc:
         return error_page(request, exc)
     return _page(request, "_skips.html", run_id=run_id, skips=groups)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workledger.api import Ledger, RunStatus
+from workledger.api import TERMINAL, ItemState, Ledger, RunStatus
 from workledger.api import differences as diff_of
 from workledger.progress import stage_order
 
-SEGMENTS = ("processed", "failed", "skipped", "unknown", "claimed")
+SEGMENTS = tuple(s.value for s in (ItemState.PROCESSED, ItemState.FAILED, ItemState.SKIPPED,
+                                    ItemState.UNKNOWN, ItemState.CLAIMED))
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,9 @@ def bars(ledger: Ledger, st: RunStatus) -> list[Bar]:
         total = max(st.total - ended, sum(counts.values()), 1)
         parts = [(s, 100.0 * counts.get(s, 0) / total, counts.get(s, 0)) for s in SEGMENTS
                  if counts.get(s, 0)]
-        done = sum(counts.get(s, 0) for s in ("processed", "failed", "skipped"))
+        done = sum(counts.get(s, 0) for s in TERMINAL)
         out.append(Bar(stage, total, done, parts, dict(counts)))
-        ended += counts.get("failed", 0) + counts.get("skipped", 0)
+        ended += counts.get(ItemState.FAILED, 0) + counts.get(ItemState.SKIPPED, 0)
     return out
 
 

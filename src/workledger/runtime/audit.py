@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workledger.core.states import AWAITING_VERIFY
+from workledger.core.states import AWAITING_VERIFY, ItemState
 from workledger.core.status import (
     CLOSE_STAGE,
     PERMANENT_DECOMPOSITION,
+    RunState,
     decomposer_needs_person,
 )
 from workledger.errors import BadInput
@@ -296,7 +297,7 @@ def _expired(store: Store, runs: _Runs, where: AuditFilter, after: int
 def _attention(store: Store, runs: _Runs, where: AuditFilter, after: int
                ) -> Iterator[tuple[int, Finding]]:
     for i in _paged(store, "attention", where, after):
-        if i.state == "failed":
+        if i.state == ItemState.FAILED:
             yield i.id, _failure(i, runs)
         elif i.error == AWAITING_VERIFY:
             yield i.id, Finding("unknown", i.run_id, str(i.updated_at),
@@ -316,7 +317,7 @@ def _failure(i: ItemRow, runs: _Runs) -> Finding:
     if ack is not None:
         note = ack.detail.get("note") if isinstance(ack.detail, dict) else None
         reviewed = f"acknowledged {ack.at} by {ack.actor or 'operator'}: {note}"
-    elif status is not None and status.state == "completed_with_failures":
+    elif status is not None and status.state == RunState.COMPLETED_WITH_FAILURES:
         reviewed = (f"within tolerance: run {i.run_id} finished completed_with_failures "
                     f"({status.failed} of {status.total} units failed)")
     elif i.stage == CLOSE_STAGE:

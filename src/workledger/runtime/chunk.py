@@ -31,7 +31,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED, LOST_TWICE
@@ -51,6 +51,7 @@ from workledger.storage.port import (
     Store,
 )
 
+_WRITE = attrgetter("write")  # a Finish's write, read in C when a chunk's finishes are counted
 log = logging.getLogger("workledger.worker")
 
 SLICE_MAX = 32  # items per executor task at most
@@ -398,17 +399,15 @@ def _count(report: WorkReport, run_id: int, finishes: list[Finish], result: Fini
     if result.stale:
         log.warning("run %s: %d result(s) discarded as stale: their leases had been taken "
                     "back", run_id, len(result.stale))
-    if len(result.applied) == len(finishes):  # the usual case: count states in C
-        states = Counter(map(itemgetter(2), finishes))
+    if len(result.applied) == len(finishes):  # the usual case: count the writes in C
+        made = Counter(map(_WRITE, finishes))
     else:
         applied = set(result.applied)
-        states = Counter(f.state for f in finishes if f.id in applied)
-    for state, n in states.items():
-        report.by_state[state] = report.by_state.get(state, 0) + n
-        if state == "pending":
-            report.retried += n
-        elif state in ("processed", "failed", "skipped"):
-            setattr(report, state, getattr(report, state) + n)
+        made = Counter(f.write for f in finishes if f.id in applied)
+    states: Counter[str] = Counter()
+    for write, n in made.items():  # a few distinct writes per chunk
+        states[write.state] += n
+    report.add_outcomes(states)
 
 
 def vanished(job: Job, item: ClaimedItem, reason: str) -> Outcome:
@@ -517,8 +516,7 @@ class LateResults:
             facts = json.loads(finish.detail) if finish.detail else {}
             facts["late"] = _what_it_did(late.get(item.id))
             facts["ran_for"] = round(ran_for, 3)
-            finishes.append(finish._replace(event=finish.event or "unknown",
-                                            detail=json.dumps(facts)))
+            finishes.append(finish._replace(detail=json.dumps(facts)))  # each records one
         run_id = overrun.items[0].run_id
         result = worker.store.items_finish_if_leased(
             FinishParams(run_id, finishes, actor=worker.worker_id))

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from workledger.core.outcomes import Item, Permanent, Skip
+from workledger.core.states import ItemState
 from workledger.core.status import PERMANENT_DECOMPOSITION
 from workledger.core.text import Undecodable, Unstorable, json_text, reason_text, safe_text
 from workledger.errors import DecompositionFailed
@@ -13,6 +14,7 @@ from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
 
 _BEYOND = 2**62
+_SKIPPED = ItemState.SKIPPED.value  # a unit the decomposer skips is inserted skipped
 
 
 def _key(key: Any) -> str | None:
@@ -22,17 +24,17 @@ def _key(key: Any) -> str | None:
 def to_row(seq: int, unit: Any) -> NewItem:
     """One decomposer output as a row; anything unusable becomes a skipped row, never dropped."""
     if isinstance(unit, Skip):
-        return NewItem(seq, _key(unit.key), None, "skipped", reason_text(unit.reason))
+        return NewItem(seq, _key(unit.key), None, _SKIPPED, reason_text(unit.reason))
     if not isinstance(unit, Item):
-        return NewItem(seq, None, None, "skipped",
+        return NewItem(seq, None, None, _SKIPPED,
                        f"decomposer yielded {type(unit).__name__}, not Item or Skip")
     try:
         data = None if unit.data is None else json_text(unit.data)
     except Unstorable as exc:
-        return NewItem(seq, _key(unit.key), None, "skipped", f"data {exc}")
+        return NewItem(seq, _key(unit.key), None, _SKIPPED, f"data {exc}")
     key = _key(unit.key)
     if key is not None and key != str(unit.key):
-        return NewItem(seq, key, data, "skipped", "key contains a NUL or invalid character")
+        return NewItem(seq, key, data, _SKIPPED, "key contains a NUL or invalid character")
     return NewItem(seq, key, data)
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from workledger.core.states import ItemState
 from workledger.errors import UnknownJob
 from workledger.runtime.async_executor import AsyncExecutor
 from workledger.runtime.chunk import Chunk, LateResults
@@ -99,7 +100,7 @@ class FollowUps(DelegatingStore):
             stage, seq = self._where[f.id]
             if f.next_stage is not None:
                 handoffs.setdefault(f.next_stage, []).append(seq)
-            elif f.state == "pending":  # a retry: one message, held until the last is due
+            elif f.state == ItemState.PENDING:  # a retry: one message, held until the last is due
                 seqs, delay = retries.get(stage, ([], 0.0))
                 retries[stage] = ([*seqs, seq], max(delay, f.delay or 0.0))
         for stage, seqs in handoffs.items():

@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from workledger.core import writes
 from workledger.core.outcomes import (
     Decision,
     Failed,
@@ -20,8 +21,7 @@ from workledger.core.outcomes import (
     decide,
     outcome_of_exception,
 )
-from workledger.core.states import Actor, ItemState, move
-from workledger.core.status import CLOSE_STAGE
+from workledger.core.states import Actor, ItemState
 from workledger.core.text import Undecodable, Unstorable, json_text, reason_text
 from workledger.runtime.jobs import Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
@@ -29,7 +29,6 @@ from workledger.storage.port import ClaimedItem, Finish
 _PROCESSED_NONE = Processed(None)  # immutable: one shared value for every handler that returns None
 
 TRACE_LIMIT = 4096  # characters of a failure's traceback kept in its event (the last frames)
-_PROCESSED = move("complete", Actor.WORKER).target.value
 
 
 class ItemView(NamedTuple):
@@ -239,32 +238,26 @@ def trace_of(exc: BaseException) -> str | None:
 
 
 def to_finish(
-    job: Job, item: ClaimedItem, outcome: Outcome, attempt: int, jitter: float, charge: int
+    job: Job, item: ClaimedItem, outcome: Outcome, attempt: int, jitter: float, charge: int,
+    actor: Actor = Actor.WORKER,
 ) -> Finish:
-    """The pure decision plus what the finish transaction must also write."""
+    """The pure decision plus what the finish transaction must also write: its write (state,
+    unit counter, event kind) from the constructor of the decision's row (core/writes.py)."""
     if type(outcome) is Processed and not job.full_history:  # the hot path: no event
-        nxt, unit = job.after_processed(item.stage)
-        return Finish(item.id, item.lease_token, _PROCESSED, outcome.result, None, None,
-                      charge, unit, nxt)
+        nxt, write = job.after_processed(item.stage, actor)
+        return Finish(item.id, item.lease_token, write, outcome.result, None, None, charge, nxt)
     stage = job.stage_named(item.stage)
     decision: Decision = decide(outcome, attempt, stage.policy, jitter)
     nxt = job.next_stage(item.stage) if decision.state is ItemState.PROCESSED else None
-    unit = None if item.stage == CLOSE_STAGE else {
-        ItemState.PROCESSED: None if nxt else "processed",
-        ItemState.FAILED: "failed",
-        ItemState.SKIPPED: "skipped",
-    }.get(decision.state)
-    event = decision.event
-    if event is None and job.full_history:
-        event = decision.state.value
+    write = writes.FINISHED[decision.move](actor, item.stage, nxt is None, job.full_history)
     detail = None
-    if event is not None:
+    if write.event is not None:
         facts = {"attempt": attempt, "error": decision.error, "delay": decision.delay}
         if decision.trace is not None:
             facts["traceback"] = decision.trace
         detail = json.dumps(facts)
     return Finish(
-        id=item.id, lease_token=item.lease_token, state=decision.state.value,
-        result=decision.result, error=decision.error, delay=decision.delay, charge=charge,
-        unit=unit, next_stage=nxt, event=event, detail=detail,
+        id=item.id, lease_token=item.lease_token, write=write, result=decision.result,
+        error=decision.error, delay=decision.delay, charge=charge, next_stage=nxt,
+        detail=detail,
     )

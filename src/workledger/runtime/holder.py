@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workledger.core.states import ItemState
 from workledger.storage.port import Store
 
 
@@ -56,6 +57,19 @@ class WorkReport:
     lost_processes: int = 0  # items whose handler process died while running them
     stuck: bool = False  # stopped because more handlers were stuck than it has threads
     by_state: dict[str, int] = field(default_factory=dict)
+
+    def add_outcomes(self, states: Mapping[str, int]) -> None:
+        """Count applied finishes, ``{state written: n}``: a pending one was retried."""
+        for state, n in states.items():
+            self.by_state[state] = self.by_state.get(state, 0) + n
+            if state == ItemState.PENDING:
+                self.retried += n
+            elif state == ItemState.PROCESSED:
+                self.processed += n
+            elif state == ItemState.FAILED:
+                self.failed += n
+            elif state == ItemState.SKIPPED:
+                self.skipped += n
 
 
 class Late(Protocol):

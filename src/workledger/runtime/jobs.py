@@ -10,13 +10,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workledger.core import limits
+from workledger.core import limits, writes
 from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
 from workledger.core.rates import Rate, parse_rate
 from workledger.core.retry import RetryPolicy
+from workledger.core.states import Actor
 from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import Unstorable, json_text
+from workledger.core.writes import Write
 from workledger.errors import BadInput, UsageError
 from workledger.runtime.results import Submission
 from workledger.storage.port import StageLimit
@@ -81,7 +83,8 @@ class Job:
         self.decomposer: Decomposer | None = None
         self.stages: list[Stage] = []
         self.closing: Stage | None = None
-        self._after: dict[str, tuple[str | None, str | None]] = {}
+        self._after: dict[str, tuple[str | None, Write]] = {}  # a worker's
+        self._after_others: dict[Actor, dict[str, tuple[str | None, Write]]] = {}
         self.on_complete_fn: Callable[[Any], Any] | None = None
 
     def decompose(self, fn: Decomposer) -> Decomposer:
@@ -170,6 +173,7 @@ class Job:
             self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout, runs_on,
                                      batch, rate, burst, max_in_flight))
             self._after.clear()
+            self._after_others.clear()
             return fn
 
         return register
@@ -208,12 +212,15 @@ class Job:
         i = names.index(name)
         return names[i + 1] if i + 1 < len(names) else None
 
-    def after_processed(self, name: str) -> tuple[str | None, str | None]:
-        """``(next stage, unit counter)`` when an item of stage ``name`` is processed."""
-        found = self._after.get(name)
+    def after_processed(self, name: str, actor: Actor = Actor.WORKER
+                        ) -> tuple[str | None, Write]:
+        """``(next stage, write)`` when an item of stage ``name`` is processed (no event: the
+        hot path of a job without full history)."""
+        cache = self._after if actor is Actor.WORKER else self._after_others.setdefault(actor, {})
+        found = cache.get(name)  # per item on the hot path: one dict lookup by the stage's name
         if found is None:
             nxt = self.next_stage(name)
-            found = self._after[name] = (nxt, None if nxt or name == CLOSE_STAGE else "processed")
+            found = cache[name] = (nxt, writes.completed(actor, name, nxt is None))
         return found
 
     def timed_stages(self, default: float | None) -> dict[str, float]:

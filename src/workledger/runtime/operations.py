@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from workledger.core import writes
 from workledger.core.states import Actor, ItemState, move
 from workledger.core.status import CLOSE_STAGE
 from workledger.errors import Refused, UsageError
@@ -31,9 +32,8 @@ from workledger.storage.port import (
 
 PAGE = 1000
 _REDRIVE = move("redrive", Actor.OPERATOR)
-RESOLVE_TARGETS = tuple(m.target.value for m in
-                        (move("resolve", Actor.OPERATOR, ItemState(s))
-                         for s in ("processed", "failed", "pending")))
+_UNKNOWN = ItemState.UNKNOWN  # what a resolve moves items out of
+RESOLVE_TARGETS = tuple(s.value for s in writes.RESOLVE_TARGETS)
 ACKNOWLEDGED = "acknowledged"  # the wl_events kind of an operator's review of failures
 
 
@@ -97,8 +97,7 @@ def retry(
     check_stage(store, run, job, stage)
     failed = _chosen(store, run, stage, seqs)
     settles = [
-        Settle(i.id, _REDRIVE.target, reset_attempts=True,
-               unit_removed=None if i.stage == CLOSE_STAGE else "failed", event="redriven",
+        Settle(i.id, writes.redriven(i.stage), reset_attempts=True,
                detail=json.dumps({"previous_attempts": i.attempts, "previous_error": i.error,
                                   "note": note}))
         for i in failed
@@ -145,10 +144,10 @@ def resolve(
     if not rows:
         raise UsageError(f"run {run.id} has no item {seq} in stage {stage!r}")
     item = rows[0]
-    if item.state != "unknown":
+    if item.state != _UNKNOWN:
         raise UsageError(f"item {seq} of stage {stage!r} is {item.state}, not unknown")
     settle = _resolution(job, item, as_state, note)
-    return bool(store.items_settle(SettleParams(run.id, "unknown", [settle], actor)).applied)
+    return bool(store.items_settle(SettleParams(run.id, _UNKNOWN, [settle], actor)).applied)
 
 
 def resolve_many(
@@ -165,16 +164,16 @@ def resolve_many(
     if seqs:
         chosen: Iterator[ItemRow] = iter(_unknown_seqs(store, run, stage, seqs))
     else:
-        chosen = pages(store, run.id, stage, "unknown")
+        chosen = pages(store, run.id, stage, _UNKNOWN)
     done = lost = 0
     batch: list[Settle] = []
     for item in chosen:
         batch.append(_resolution(job, item, as_state, note))
         if len(batch) == PAGE:
-            applied = len(store.items_settle(SettleParams(run.id, "unknown", batch, actor)).applied)
+            applied = len(store.items_settle(SettleParams(run.id, _UNKNOWN, batch, actor)).applied)
             done, lost, batch = done + applied, lost + len(batch) - applied, []
     if batch:
-        applied = len(store.items_settle(SettleParams(run.id, "unknown", batch, actor)).applied)
+        applied = len(store.items_settle(SettleParams(run.id, _UNKNOWN, batch, actor)).applied)
         done, lost = done + applied, lost + len(batch) - applied
     return done, lost
 
@@ -192,7 +191,7 @@ def _unknown_seqs(store: Store, run: RunRow, stage: str, seqs: Sequence[int]) ->
         if not rows:
             raise UsageError(f"run {run.id} has no item {seq} in stage {stage!r}; "
                              "nothing changed")
-        if rows[0].state != "unknown":
+        if rows[0].state != _UNKNOWN:
             raise UsageError(f"item {stage}/{seq} is {rows[0].state}, not unknown; "
                              "nothing changed")
         found.append(rows[0])
@@ -200,14 +199,12 @@ def _unknown_seqs(store: Store, run: RunRow, stage: str, seqs: Sequence[int]) ->
 
 
 def _resolution(job: Job | None, item: ItemRow, as_state: str, note: str | None) -> Settle:
-    """The guarded move of one unknown item to what a person says happened."""
-    nxt = job.next_stage(item.stage) if job and as_state == "processed" else None
-    unit = {"processed": None if nxt else "processed", "failed": "failed"}.get(as_state)
-    if as_state == "processed" and job is None:
-        unit = "processed"  # without the job's stages, treat it as the unit's last stage
-    target = move("resolve", Actor.OPERATOR, ItemState(as_state)).target
-    return Settle(item.id, target, error=note if as_state == "failed" else None, unit=unit,
-                  next_stage=nxt, event="resolved",
+    """The guarded move of one unknown item to what a person says happened. Without the job's
+    stages, a processed item is taken for the unit's last stage."""
+    target = ItemState(as_state)
+    nxt = job.next_stage(item.stage) if job and target is ItemState.PROCESSED else None
+    return Settle(item.id, writes.resolved(target, item.stage, nxt is None),
+                  error=note if target is ItemState.FAILED else None, next_stage=nxt,
                   detail=json.dumps({"as": as_state, "note": note}))
 
 
@@ -223,7 +220,7 @@ def ack(store: Store, run: RunRow, job: Job | None, *, stage: str | None = None,
     if not note or not note.strip():
         raise UsageError("say why with --note: it is what the next person reads")
     check_stage(store, run, job, stage)
-    covered = list(pages(store, run.id, stage, "failed", seq))
+    covered = list(pages(store, run.id, stage, ItemState.FAILED, seq))
     if not covered:
         where = f" {stage}/{seq}" if seq is not None and stage else (
             f" of stage {stage!r}" if stage else (f" {seq}" if seq is not None else ""))

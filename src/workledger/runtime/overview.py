@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from workledger.core.status import failures_allowed
+from workledger.core.status import finished_state as finished_state_of
 from workledger.runtime.jobs import Job
 from workledger.runtime.status import status_of
 from workledger.storage.port import Attention, FinishedRuns, Store
@@ -32,16 +32,10 @@ class MetricsSnapshot:
 
 
 def finished_state(group: FinishedRuns, job: Job | None) -> str:
-    """The derived state of a complete run (``core/status.py:derive``, rows 1 and 4-6), from
-    its failed units and the tolerance it was submitted under."""
-    if group.cancelled:
-        return "cancelled"
-    if group.failed == 0:
-        return "completed"
+    """The derived state of a group of complete runs (``core/status.py:finished_state``), under
+    the tolerance they were submitted with (their job's, before migration 0003)."""
     tolerate = group.tolerate if group.tolerate is not None else (job.tolerate if job else 0)
-    if group.failed <= failures_allowed(group.total, tolerate):
-        return "completed_with_failures"
-    return "failed"
+    return finished_state_of(group.cancelled, group.failed, group.total, tolerate).value
 
 
 def metrics_snapshot(store: Store, jobs: Mapping[str, Job],

@@ -24,12 +24,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
+from workledger.core.states import TERMINAL, ItemState
 from workledger.core.status import CLOSE_STAGE
 from workledger.runtime.jobs import Job
 from workledger.storage.port import ItemsQuery, RunRow, Store
 
 BATCH = 5000
-OPEN = ("pending", "claimed", "unknown")
+OPEN = tuple(s.value for s in ItemState if s not in TERMINAL)  # pending, claimed, unknown
 PAGE = 100
 
 

@@ -36,7 +36,7 @@ def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
     )
     d = derive(facts)
     return RunStatus(
-        run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state,
+        run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state.value,
         total=d.units.total, complete=d.complete, counts=counts,
         processed=d.units.processed, failed=d.units.failed, skipped=d.units.skipped,
         next=d.next, created_at=str(run.created_at),

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from workledger import failpoints
+from workledger.core import writes
 from workledger.core.outcomes import Failed, Outcome, Processed
 from workledger.core.states import (
     AWAITING_VERIFY,
@@ -64,9 +65,9 @@ from workledger.storage.port import (
 
 log = logging.getLogger("workledger.sweeper")
 
-_RECLAIM, _RECLAIM_UNKNOWN, _DONE, _NOT_DONE, _UNSURE = (
-    move(name, Actor.SWEEPER) for name in
-    ("lease_expired", "lease_expired_unknown", "verify_done", "verify_not_done", "verify_unsure"))
+_RECLAIM, _RECLAIM_UNKNOWN = (
+    move(name, Actor.SWEEPER) for name in ("lease_expired", "lease_expired_unknown"))
+_UNKNOWN = writes.verify_unsure().move.from_state  # what a verify hook's answer settles
 
 
 PAGE = 1000
@@ -243,7 +244,7 @@ class Sweeper:
     def _awaiting(self) -> Iterator[ItemRow]:
         """Every unknown item, a page at a time (the hooks of all are asked, however many)."""
         after = 0
-        while page := self.store.items_attention(["unknown"], PAGE, after):
+        while page := self.store.items_attention([_UNKNOWN], PAGE, after):
             yield from page
             after = page[-1].id
 
@@ -258,7 +259,7 @@ class Sweeper:
             answer = "unknown", f"the verify hook was still running after {limit:g}s"
         except Exception as exc:  # a verify hook that fails tells us nothing
             answer = "unknown", f"verify raised {type(exc).__name__}: {exc}"
-        self.store.items_settle(SettleParams(item.run_id, _DONE.from_state,
+        self.store.items_settle(SettleParams(item.run_id, _UNKNOWN,
                                              [verdict_settle(job, item, answer)], self.actor))
         return True
 
@@ -355,9 +356,8 @@ class Sweeper:
 
     def _closed(self, job: Job, run_id: int, item: ClaimedItem, outcome: Outcome,
                 attempt: int) -> bool:
-        finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=0)
-        if finish.event is None:
-            finish = finish._replace(event="closed")
+        finish = to_finish(job, item, outcome, attempt, self.rng.random(), charge=0,
+                           actor=Actor.SWEEPER)  # a processed closing entry records `closed`
         self.store.items_finish_if_leased(FinishParams(run_id, [finish], self.actor))
         return isinstance(outcome, Processed)
 
@@ -391,18 +391,18 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
         try:
             result = None if extra is None else json_text(extra)
         except Unstorable as exc:
-            return Settle(item.id, _UNSURE.target, event="unknown", detail=detail,
+            return Settle(item.id, writes.verify_unsure(), detail=detail,
                           error=f"verify could not tell: it answered done with a result that "
                                 f"cannot be stored: {exc}")
-        return Settle(item.id, _DONE.target, result=result, unit=None if nxt else "processed",
-                      next_stage=nxt, event="verified", detail=detail)
+        return Settle(item.id, writes.verified_done(item.stage, nxt is None), result=result,
+                      next_stage=nxt, detail=detail)
     if verdict == "not_done":
         # a suspect from here on: if it is poison, its next run charges its attempt first
-        return Settle(item.id, _NOT_DONE.target, error=VERIFIED_NOT_DONE,
-                      event="verified", detail=detail)
+        return Settle(item.id, writes.verified_not_done(), error=VERIFIED_NOT_DONE,
+                      detail=detail)
     evidence = extra if isinstance(extra, str) else f"verify answered {verdict!r}"
-    return Settle(item.id, _UNSURE.target, error=f"verify could not tell: {evidence}",
-                  event="unknown", detail=detail)
+    return Settle(item.id, writes.verify_unsure(), error=f"verify could not tell: {evidence}",
+                  detail=detail)
 
 
 class SweepLoop:
@@ -480,7 +480,7 @@ class SweepLoop:
             waiting |= {("close", r) for r in self.store.runs_to_close(jobs, CLOSE_STAGE)[:10]}
         waiting |= {("decompose", r.id) for r in self.store.runs_undecomposed(
             self.sweeper.grace, self.sweeper.backoff) if r.job in self.sweeper.jobs}
-        waiting |= {("verify", i.id) for i in self.store.items_attention(["unknown"], 10)
+        waiting |= {("verify", i.id) for i in self.store.items_attention([_UNKNOWN], 10)
                     if i.error == AWAITING_VERIFY}
         if self.sweeper.redispatch is not None:  # with a broker: messages overdue
             for run_id, _job in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:

@@ -15,8 +15,10 @@ from dataclasses import replace
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from workledger.core.states import AWAITING_VERIFY
-from workledger.core.status import CLOSE_STAGE, DECOMPOSITION_FAILED
+from workledger.core import writes
+from workledger.core.states import AWAITING_VERIFY, Actor, move
+from workledger.core.status import DECOMPOSITION_FAILED
+from workledger.core.writes import Unit
 from workledger.errors import StorageError, UnknownRun, UsageError
 from workledger.storage import common
 from workledger.storage.dialect import C, Connection
@@ -43,6 +45,11 @@ from workledger.storage.port import (
     SettleParams,
 )
 from workledger.storage.queries import migrations
+
+# the moves the adapters write themselves (the rest come as writes: core/writes.py)
+_CLAIM = move("claim", Actor.WORKER)
+_CANCEL = move("cancel", Actor.OPERATOR)
+_CLAIMABLE, _HELD = _CLAIM.from_state.value, _CLAIM.target.value  # pending, claimed
 
 # The columns of a finish's and a settle's row set (``common.finish_rows``, ``settle_rows``),
 # named as the parameters of a dialect that sends a row set as parallel arrays.
@@ -240,11 +247,11 @@ class LedgerStore(Overview[C], Dispatching[C]):
         if kept:
             self._many(conn, self.Q["events_add"], common.cancel_events(run_id, kept, actor))
         if cancelled:
-            tally.merge(common.Tally.moves((r[1] for r in cancelled), "pending", "skipped"))
-            units = sum(1 for r in cancelled if r[1] != CLOSE_STAGE)  # @close is no unit
-            conn.execute(self.Q["run_add_units"], {"run_id": run_id, "total": 0,
-                                                   "processed": 0, "failed": 0,
-                                                   "skipped": units})
+            tally.merge(common.Tally.moves((r[1] for r in cancelled),
+                                           _CANCEL.from_state.value, _CANCEL.target.value))
+            units = sum(1 for r in cancelled if writes.unit_of(_CANCEL.target, r[1], True))
+            conn.execute(self.Q["run_add_units"], {"run_id": run_id, **common.no_units(),
+                                                   Unit.SKIPPED.value: units})
         return len(cancelled)
 
     def _skip_if_cancelled(self, conn: C, run_id: int, actor: str, tally: common.Tally,
@@ -253,7 +260,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
         is pending in it: a cancel wins over every way back to pending (a retry or a hand-off,
         a release, an expired lease, a late decomposition batch), since nothing would ever
         claim it in a cancelled run."""
-        add = {"total": 0, "processed": 0, "failed": 0, "skipped": 0, **(units or {})}
+        add = {**common.no_units(), **(units or {})}
         row = conn.execute(self.Q["run_add_units"], {"run_id": run_id, **add}).fetchone()
         if row is not None and row["cancelled_at"] is not None:
             self._cancel_pending(conn, run_id, actor, tally)
@@ -332,7 +339,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
                 self._many(conn, events, common.claim_events(claimed, params.actor))
             if claimed:
                 self._count(conn, params.run_id, common.Tally.moves(
-                    map(itemgetter(2), rows), "pending", "claimed"))
+                    map(itemgetter(2), rows), _CLAIMABLE, _HELD))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -351,7 +358,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
         with self._tx() as conn:
             rows = self._tuples(conn, self.Q["items_release"], {
                 "ids": self._list(params.ids), "token": params.lease_token})
-            tally = common.Tally.moves((r[0] for r in rows), "claimed", "pending")
+            tally = common.Tally.moves((r[0] for r in rows), _HELD, _CLAIMABLE)
             if rows:
                 self._skip_if_cancelled(conn, params.run_id, params.actor, tally)
             self._count(conn, params.run_id, tally)
@@ -370,7 +377,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
                 self._many(conn, self.Q["events_add"], [
                     common.event_params(e) for e in common.reclaim_events(items, params)])
                 tallies = common.reclaim_tallies(items)
-                back = {i.run_id for i in items if i.state == "pending"}
+                back = {i.run_id for i in items if i.state == _CLAIMABLE}
                 for run_id in sorted(tallies):
                     if run_id in back:
                         self._skip_if_cancelled(conn, run_id, params.actor, tallies[run_id])
@@ -385,6 +392,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
     def items_finish_if_leased(self, params: FinishParams) -> FinishResult:
         if not params.finishes:
             return self._start_only(params)
+        common.checked_finishes(params)
         with self._tx() as conn:
             groups = common.finish_groups(params.finishes, self.finish_shapes)
             if groups is None:
@@ -423,20 +431,21 @@ class LedgerStore(Overview[C], Dispatching[C]):
             common.finish_rows(params.finishes), FINISH_COLUMNS))
         applied = {int(r[0]) for r in found}
         plan = common.plan_after_finish(params, applied)
-        return plan, common.Tally.of_moves(found, plan.moved, "claimed"), applied
+        return plan, common.Tally.of_moves(found, plan.moved, _HELD), applied
 
     def _finish_groups(self, conn: C, params: FinishParams,
                        groups: dict[common.GroupKey, list[int]]
                        ) -> tuple[common.FinishPlan, common.Tally, set[int]]:
         """One fenced update per outcome shape, over an id list (most chunks: one shape)."""
         by_group = {key: self._tuples(conn, self.Q["items_finish_group"], {
-            "token": key[0], "state": key[1], "result": key[2], "error": key[3],
+            "token": key[0], "state": key[1].state, "result": key[2], "error": key[3],
             "delay": key[4], "charge": key[5], "ids": self._list(ids)})
             for key, ids in groups.items()}
         plan, tally = common.plan_after_groups(params, groups, by_group)
         return plan, tally, {r[0] for rows in by_group.values() for r in rows}
 
     def items_settle(self, params: SettleParams) -> FinishResult:
+        common.checked_settles(params)
         args = self._row_set(common.settle_rows(params.settles), SETTLE_COLUMNS)
         args.update(from_state=params.from_state, run_id=params.run_id)
         with self._tx() as conn:
@@ -458,7 +467,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
         if plan.handoffs:
             for (stage,) in self._tuples(conn, self.Q["items_handoff"],
                                          self._handoff_rows(plan.handoffs)):
-                tally.add(stage, "pending")
+                tally.add(stage, _CLAIMABLE)
         self._skip_if_cancelled(conn, run_id, actor, tally, plan.units)
         if plan.events:
             self._many(conn, self.Q["events_add"], [common.event_params(e) for e in plan.events])

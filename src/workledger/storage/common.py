@@ -10,8 +10,11 @@ from operator import itemgetter
 from typing import Any
 
 from workledger import failpoints
+from workledger.core import writes
+from workledger.core.states import IllegalTransition, ItemState
 from workledger.core.status import CLOSE_STAGE, count_differences
 from workledger.core.text import read_json, reason_text, storable_json
+from workledger.core.writes import Unit, Write
 from workledger.storage.port import (
     ClaimedItem,
     Finish,
@@ -29,6 +32,7 @@ from workledger.storage.port import (
 )
 
 failpoint = failpoints.hit
+_HELD = ItemState.CLAIMED.value  # what a finish and a reclaim move items out of
 
 
 def loads(text: Any) -> Any:
@@ -52,10 +56,31 @@ def split_statements(sql: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
-def finish_rows(finishes: Sequence[Any]) -> list[list[Any]]:
+def finish_rows(finishes: Sequence[Finish]) -> list[list[Any]]:
     return [
-        [f.id, f.lease_token, f.state, f.result, f.error, f.delay, f.charge] for f in finishes
+        [f.id, f.lease_token, f.write.state, f.result, f.error, f.delay, f.charge]
+        for f in finishes
     ]
+
+
+def checked_finishes(params: FinishParams) -> None:
+    """Refuse (:class:`IllegalTransition`) a finish whose write no constructor of core/writes.py
+    made from a row of MOVES: nothing is written."""
+    seen: set[int] = set()
+    for f in params.finishes:
+        if id(f.write) not in seen:  # a chunk's finishes share a few writes: each checked once
+            writes.check(f.write, "items_finish_if_leased")
+            seen.add(id(f.write))
+
+
+def checked_settles(params: SettleParams) -> None:
+    """Refuse a settle whose write is not a row of MOVES, or moves out of another state than
+    the one the update is guarded by."""
+    for s in params.settles:
+        w = writes.check(s.write, "items_settle")
+        if w.move.source != params.from_state:
+            raise IllegalTransition(f"{w.move.name} moves {w.move.source} items, "
+                                    f"not {params.from_state} ones")
 
 
 class Tally:
@@ -108,16 +133,16 @@ class Tally:
 # A chunk's outcomes usually share one shape (same state, result, error, delay): then a guarded
 # UPDATE per shape with an id list is about three times cheaper than one UPDATE joined to a row
 # set with a value per column per row.
-GroupKey = tuple[int, str, str | None, str | None, float | None, int, str | None, str | None]
+GroupKey = tuple[int, Write, str | None, str | None, float | None, int, str | None]
 
 
 def finish_groups(finishes: Sequence[Finish], most: int) -> dict[GroupKey, list[int]] | None:
     """``{shape: [ids]}`` for up to ``most`` shapes, or None (more shapes, or any event)."""
     groups: dict[GroupKey, list[int]] = {}
     for f in finishes:
-        if f.event is not None:
+        if f.write.event is not None:
             return None
-        key = f[1:9]  # lease_token, state, result, error, delay, charge, unit, next_stage
+        key = f[1:8]  # lease_token, write, result, error, delay, charge, next_stage
         ids = groups.get(key)
         if ids is None:
             if len(groups) == most:
@@ -135,7 +160,8 @@ def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
     tally = Tally()
     for key, ids in groups.items():
         rows = found[key]
-        state, unit, next_stage = key[1], key[6], key[7]
+        write, next_stage = key[1], key[6]
+        state, unit = write.state, write.unit
         if len(rows) != len(ids):
             done = {r[0] for r in rows}
             for i in ids:
@@ -150,7 +176,7 @@ def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
         if next_stage:
             plan.handoffs.extend([r[0], next_stage] for r in rows)
         for stage, n in Counter(map(itemgetter(1), rows)).items():
-            tally.move(stage, "claimed", state, n)
+            tally.move(stage, _HELD, state, n)
     return plan, tally
 
 
@@ -188,7 +214,7 @@ def reclaim_tallies(items: Iterable[ItemRow]) -> dict[int, Tally]:
     spans runs)."""
     tallies: dict[int, Tally] = {}
     for i in items:
-        tallies.setdefault(i.run_id, Tally()).move(i.stage, "claimed", i.state)
+        tallies.setdefault(i.run_id, Tally()).move(i.stage, _HELD, i.state)
     return tallies
 
 
@@ -231,10 +257,15 @@ def counts_of(rows: Iterable[Any]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def no_units() -> dict[str, int]:
+    """``run_add_units`` parameters that add nothing: one per unit counter, and ``total``
+    (which only a decomposition batch adds to: :func:`inserted_units`)."""
+    return {"total": 0, **{u.value: 0 for u in Unit}}
+
+
 @dataclass
 class FinishPlan:
-    units: dict[str, int] = field(default_factory=lambda: {"processed": 0, "failed": 0,
-                                                            "skipped": 0})
+    units: dict[str, int] = field(default_factory=lambda: no_units())
     handoffs: list[list[Any]] = field(default_factory=list)
     events: list[NewEvent] = field(default_factory=list)
     stale: list[int] = field(default_factory=list)
@@ -341,7 +372,7 @@ def cancel_events(run_id: int, kept: Iterable[Any], actor: str) -> list[dict[str
 def reclaim_events(items: Iterable[ItemRow], params: ReclaimParams) -> list[NewEvent]:
     return [
         NewEvent(run_id=i.run_id, item_id=i.id,
-                 kind="lease_expired" if i.state == "pending" else i.state,
+                 kind="lease_expired" if i.state == ItemState.PENDING else i.state,
                  lease_token=i.lease_token, actor=params.actor,
                  detail=json.dumps({"reason": i.error, "to": i.state,
                                     "started": i.started_at is not None}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 
+from workledger.core.states import ItemState
 from workledger.storage import common
 from workledger.storage.dialect import C
 from workledger.storage.limited import StageLimits
@@ -47,7 +48,7 @@ class Dispatching(StageLimits[C]):
                               else self.Q["events_add_now"])
                     self._many(conn, events, common.claim_events(claimed, params.actor))
                 self._count(conn, params.run_id, common.Tally.moves(
-                    map(itemgetter(2), rows), "pending", "claimed"))
+                    map(itemgetter(2), rows), ItemState.PENDING.value, ItemState.CLAIMED.value))
         common.failpoint("claim.after_commit")
         return claimed
 

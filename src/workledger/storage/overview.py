@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import itemgetter
 
+from workledger.core.states import ItemState
 from workledger.storage import common
 from workledger.storage.dialect import C, Dialect
 from workledger.storage.port import (
@@ -68,7 +69,7 @@ class Overview(Dialect[C]):
     def run_reasons(self, run_id: int, state: str, window: int, groups: int
                     ) -> list[ReasonGroup]:
         args = {"run_id": run_id, "state": state, "window": window, "groups": groups}
-        if state == "skipped":
+        if state == ItemState.SKIPPED:
             rows = self._read_tuples(self.Q["run_skip_reasons"], args)
         else:
             rows = self._read_tuples(self.Q["run_attention_reasons"], args)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from workledger.core.states import LOST_TWICE, NOT_STARTED
+from workledger.core.states import LOST_TWICE, NOT_STARTED, ItemState
+from workledger.core.writes import Write
 
 # -- values -----------------------------------------------------------------------------------
 
@@ -50,7 +51,7 @@ class NewItem(NamedTuple):
     seq: int
     key: str | None
     data: str | None  # JSON text
-    state: str = "pending"  # 'pending' or 'skipped'
+    state: str = ItemState.PENDING.value  # pending, or skipped (with its reason)
     error: str | None = None
 
 
@@ -120,19 +121,31 @@ class ClaimedItem(NamedTuple):
 
 
 class Finish(NamedTuple):
-    """The fenced outcome of one execution (a named tuple: one per item on the hot path)."""
+    """The fenced outcome of one execution (a named tuple: one per item on the hot path).
+    ``write`` (from a constructor of core/writes.py, the port refuses any other) says the
+    state, the unit counter and the event kind."""
 
     id: int
     lease_token: int
-    state: str  # processed | failed | skipped | pending | unknown
+    write: Write
     result: str | None = None  # JSON text
     error: str | None = None
     delay: float | None = None  # pending only: seconds until claimable again
     charge: int = 1  # attempts to add (0 when charged when the execution started)
-    unit: str | None = None  # unit counter this moves: processed | failed | skipped | None
     next_stage: str | None = None  # insert this stage's row in the same transaction
-    event: str | None = None  # wl_events kind to record, None on the happy path
     detail: str | None = None  # JSON text for the event
+
+    @property
+    def state(self) -> str:
+        return self.write.state
+
+    @property
+    def unit(self) -> str | None:
+        return self.write.unit
+
+    @property
+    def event(self) -> str | None:
+        return self.write.event
 
 
 @dataclass(frozen=True)
@@ -194,20 +207,34 @@ class Outlook:
 
 @dataclass(frozen=True)
 class Settle:
-    """An operator's or the sweeper's move of one item, guarded by its current state."""
+    """An operator's or the sweeper's move of one item, guarded by its current state; its
+    ``write`` (core/writes.py) says the state, the unit counters and the event kind."""
 
     id: int
-    state: str
+    write: Write
     result: str | None = None
     error: str | None = None
     delay: float | None = None
     reset_attempts: bool = False
-    unit: str | None = None  # unit counter this adds to
-    unit_removed: str | None = None  # unit counter this takes from (a redriven failure)
     next_stage: str | None = None
-    event: str | None = None
     detail: str | None = None
     lease_token: int | None = None
+
+    @property
+    def state(self) -> str:
+        return self.write.state
+
+    @property
+    def unit(self) -> str | None:
+        return self.write.unit  # the unit counter this adds to
+
+    @property
+    def unit_removed(self) -> str | None:
+        return self.write.unit_removed  # the unit counter this takes from (a redriven failure)
+
+    @property
+    def event(self) -> str | None:
+        return self.write.event
 
 
 @dataclass(frozen=True)
