@@ -28,7 +28,7 @@ from backend import PostgresBackend, SqliteBackend
 from chaos_app import HANDLER_TIMEOUT, timeouts_supported
 from plan import NEW_KINDS, kinds_for, plan_round
 from processes import faketime_library
-from rounds import LIVENESS_SLACK, WAL_LIMIT_MIB, Round, RoundResult
+from rounds import LIVENESS_SLACK, STEP_SECONDS, WAL_LIMIT_MIB, Round, RoundResult
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease", type=float, default=2.0, help="the workers' lease, seconds")
     p.add_argument("--liveness-slack", type=float, default=LIVENESS_SLACK,
                    help="check V: every run settles within the lease plus this many seconds "
-                        "of the last fault")
+                        "of the last fault, plus 0.125 s per step of work left then")
     p.add_argument("--wal-limit-mib", type=float, default=WAL_LIMIT_MIB,
                    help="check W: the largest a SQLite ledger's WAL may grow, MiB")
     p.add_argument("--each-kind", action="store_true",
@@ -190,7 +190,8 @@ def print_table(s: dict[str, Any]) -> None:
              ("recovery p50", seconds(s["recovery_p50"])),
              ("recovery p99", seconds(s["recovery_p99"])),
              ("recovery limit", f"lease + {s['recovery_limit'] - s['lease']:g} s = "
-                                f"{s['recovery_limit']:g} s"),
+                                f"{s['recovery_limit']:g} s, + {STEP_SECONDS:g} s per step "
+                                "of work left"),
              ("largest SQLite WAL", f"{s['wal_max_mib']:g} MiB (bound {s['wal_limit_mib']:g} MiB)"),
              ("wall time", f"{s['seconds'] / 60:.1f} min"),
              ("violations", str(len(s["violations"])))]

@@ -124,8 +124,12 @@ charge.stage("charge", **_options())(work)
 
 
 @relay.on_complete(base_delay=0.1)
-def closed(status: Any) -> None:
-    key = f"{status.run_id}/@close/0"
-    SINK.start(key, 0, 0)
+def closed(status: Any, ctx: Any) -> None:
+    """The closing hook fences the downstream below its own entry's token before it acts
+    (docs/reliability.md): a run of it by an earlier holder that only looked gone (paused while
+    its session was ended) can then no longer make its effect."""
+    key = ctx.idempotency_key  # "<run>/@close/0"
+    SINK.start(key, ctx.lease_token, ctx.attempt)
+    SINK.fence(key, ctx.lease_token - 1)
     _maybe_slow_hook("close")
-    SINK.effect(key, 0, 0)
+    SINK.effect(key, ctx.lease_token, ctx.attempt)

@@ -189,8 +189,9 @@ def check_fenced(view: SinkView) -> list[Violation]:
         if any(start <= r.at and until >= r.started for start, until in view.cuts):
             continue
         found.append(Violation("D", f"{r.key}: the effect of token {r.token} (pid {r.pid}) was "
-                                    "fenced out: its item was verified or resolved while its "
-                                    "handler still ran, and nothing had ended its session"))
+                                    "fenced out: its item was verified, resolved or run again "
+                                    "(a closing hook) while its handler still ran, and nothing "
+                                    "had ended its session"))
     return found
 
 

@@ -34,6 +34,10 @@ TICK = 0.02
 SNAPSHOT_EVERY = 0.5
 ARMED_GRACE = 4.0  # seconds an armed failpoint may still fire after the last planned fault
 LIVENESS_SLACK = 30.0  # a run settles within the lease and this many seconds of the last fault
+# ... plus this long per step of work still left when the last fault ended (an item to run in
+# a stage): the slowest plans (chunks of 2, two workers, handlers of up to 0.3 s) move about
+# 8 steps a second on two busy cores, so a round left with 400 steps needs about 50 s more
+STEP_SECONDS = 0.125
 WAL_LIMIT_MIB = 64.0  # the stated bound on a SQLite ledger's WAL (check W); --wal-limit-mib
 
 
@@ -64,7 +68,9 @@ class Round:
                  liveness_slack: float = LIVENESS_SLACK) -> None:
         self.plan, self.backend, self.hang_seconds = plan, backend, hang_seconds
         self.wal_limit = int(wal_limit_mib * 2**20)
-        self.settle_bound = plan.lease + liveness_slack
+        self.liveness_slack = liveness_slack
+        self.settle_bound = plan.lease + liveness_slack  # and the work left: _recover
+        self.steps_left = 0
         self.wal_max = 0
         self.cuts_counted = 0
         self.refuse_end = 0.0  # monotonic: the downstream refuses until then
@@ -233,7 +239,20 @@ class Round:
             self.operate(["resume", str(run_id)])
         self._wait(lambda: not self.live("operator"), 60.0)
 
+    def _work_left(self) -> int:
+        """Steps of work still to do (an item to run in a stage): the plan's runs, all their
+        units through every stage of their job, less the items already terminal."""
+        planned = sum(r.units * (2 if r.job == "relay" else 1) for r in self.plan.runs)
+        done = self._rows("SELECT count(*) FROM wl_items WHERE stage <> '@close'"
+                          " AND state IN ('processed', 'failed', 'skipped', 'unknown')")
+        return max(0, planned - int(done[0][0] if done else 0))
+
     def _recover(self) -> tuple[float | None, list[str]]:
+        self.steps_left = self._work_left()
+        self.settle_bound = self.plan.lease + self.liveness_slack \
+            + self.steps_left * STEP_SECONDS
+        self.log(f"recovery: {self.steps_left} steps of work left, bound "
+                 f"{self.settle_bound:.1f} s after the last fault")
         deadline = self.last_fault_end + self.settle_bound
         stuck: list[str] = ["never checked"]
         checked = 0.0

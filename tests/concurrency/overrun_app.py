@@ -128,7 +128,20 @@ def build_ledger(url: str, log: str, *, effect_at: float = 0.0, timeout: float |
             log_line(log, "effect", item.key, ctx.lease_token)
         return {"pid": os.getpid()}
 
-    if hook_for is not None:
+    if hook_for is not None and fence:
+        @job.on_complete(max_attempts=3, timeout=hook_timeout)
+        def fencing_closing(status: Any, ctx: Any) -> None:
+            """The defence docs/reliability.md gives: a hook fences the downstream below its
+            own entry's token before it acts, so an earlier holder's run of it (paused, its
+            session ended) can no longer make its effect."""
+            key = f"close-{status.run_id}"
+            log_line(log, "close", str(status.run_id), ctx.lease_token)
+            fence_at(log, key, ctx.lease_token - 1)
+            time.sleep(hook_for)
+            if not fenced_write(log, key, ctx.lease_token):
+                raise RuntimeError(f"{key}: fenced out downstream")
+            log_line(log, "closed", str(status.run_id), ctx.lease_token)
+    elif hook_for is not None:
         @job.on_complete(max_attempts=3, timeout=hook_timeout)
         def closing(status: Any) -> None:
             log_line(log, "close", str(status.run_id), 0)

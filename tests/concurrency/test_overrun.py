@@ -473,6 +473,43 @@ def test_a_stopped_holder_whose_session_ended_is_fenced_out_by_a_verify_hook_tha
     assert items_of(ledger, run_id)["k0"].state == "processed"
 
 
+def test_a_stopped_closing_hook_whose_session_ended_is_fenced_out_by_the_next_run_of_it(
+    make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
+) -> None:
+    """The campaign's seed 1308 round 30: a worker SIGSTOPped inside a closing hook while every
+    session was terminated looked gone, so another sweeper ran the hook again, and the paused
+    one made its effect when it resumed: the hook's effect twice. A hook given ``ctx`` learns
+    its entry's lease token; one that fences the downstream below it before acting refuses the
+    paused run's late effect: one effect, the entry processed."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("SQLite: a stopped holder keeps its file locked")
+    import psycopg
+
+    options = {"hook_for": 3.0, "fence": True}
+    ledger = make_ledger(**options)
+    run_id = ledger.job(app.JOB).submit({"n": 1}).run_id
+    worker = spawn(app.command(db_url, log, lease=1.0, forever=True, **options), name="w")
+    wait_until(lambda: app.effects(log, "close"), "the closing hook to start", timeout=60)
+    worker.signal(signal.SIGSTOP)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                             " AND backend_type = 'client backend'").fetchone()
+    assert ended is not None and ended[0] > 0
+    time.sleep(2.5)  # past its lease
+    ledger.sweep(lease=1.0)  # takes the entry back and runs the hook again, to its end
+    worker.signal(signal.SIGCONT)
+    wait_until(lambda: app.effects(log, "refused"), "the paused hook's late effect", timeout=30)
+    worker.signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    key = f"close-{run_id}"
+    assert app.effects(log) == {"k0": 1, key: 1}, app.read_log(log)
+    assert app.effects(log, "refused") == {key: 1}
+    assert app.effects(log, "close") == {str(run_id): 2}
+    close = [i for i in ledger.items(run_id, limit=10, stage="@close")]
+    assert [i.state for i in close] == ["processed"]
+
+
 def test_a_running_holder_retakes_its_lock_at_its_next_renewal_after_its_session_ended(
     make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
 ) -> None:

@@ -85,7 +85,8 @@ class Job:
         self.closing: Stage | None = None
         self._after: dict[str, tuple[str | None, Write]] = {}  # a worker's
         self._after_others: dict[Actor, dict[str, tuple[str | None, Write]]] = {}
-        self.on_complete_fn: Callable[[Any], Any] | None = None
+        self.on_complete_fn: Callable[..., Any] | None = None
+        self.on_complete_takes_context = False  # the hook is (status, ctx), not (status)
 
     def decompose(self, fn: Decomposer) -> Decomposer:
         """Register the function that turns a payload into items (it may yield millions).
@@ -184,13 +185,18 @@ class Job:
     ) -> Any:
         """Register the closing hook, called once with the run's ``RunStatus`` when every unit
         is terminal. It is a ledger entry of its own: retried like an item when it raises, and
-        re-run if its process dies inside it, so it should be idempotent. ``timeout``: seconds
-        it may run before that attempt counts as failed (and is retried). It may be ``async
-        def``: each call runs on an event loop of its own in the sweeper."""
+        re-run if its process dies inside it, so it should be idempotent. A hook that takes a
+        second argument is given a ``Context`` too, whose ``lease_token`` is its entry's
+        claim: every later run of the hook has a higher one, so a hook can fence its
+        downstream below its own token before it acts (docs/reliability.md, Clocks: a holder
+        paused while its session was ended). ``timeout``: seconds it may run before that
+        attempt counts as failed (and is retried). It may be ``async def``: each call runs on
+        an event loop of its own in the sweeper."""
         _check_timeout(timeout, f"job {self.name!r}, the closing hook")
 
         def register(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
             self.on_complete_fn = _plain(hook, f"job {self.name!r}: the closing hook")
+            self.on_complete_takes_context = _takes_two(hook)
             policy = RetryPolicy(max_attempts=max_attempts, base_delay=base_delay)
             self.closing = Stage(CLOSE_STAGE, _unbound_closing, True, policy, None, timeout)
             return hook
@@ -329,6 +335,19 @@ def _plain(hook: Any, what: str) -> Any:
         return asyncio.run(hook(*args))
 
     return run
+
+
+def _takes_two(fn: Any) -> bool:
+    """Whether ``fn`` can be called with two positional arguments."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called as (status)
+        return False
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
 
 
 def _unbound_closing(item: Any, ctx: Any) -> Any:

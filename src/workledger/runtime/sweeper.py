@@ -308,7 +308,7 @@ class Sweeper:
                                                              item.lease_token)):
                 return False  # its lease is lost already
             call = _HookCall(job, stage, item, item.attempts + 1, self.actor,
-                             lambda: self._hook(job, run_id))
+                             lambda: self._hook(job, run_id, item, item.attempts + 1))
             renewal = Renewal(self.store, self.lease, name="wl-hook-lease")
             renewal.hold(run_id, item.lease_token, [item.id])
             limit = stage.limit(self.timeout)
@@ -329,9 +329,11 @@ class Sweeper:
             if own is not None and done:
                 self.store.holder_close(own)
 
-    def _hook(self, job: Job, run_id: int) -> Any:
+    def _hook(self, job: Job, run_id: int, item: ClaimedItem, attempt: int) -> Any:
         hook = job.on_complete_fn
         assert hook is not None
+        if job.on_complete_takes_context:
+            return hook(self.status_of(run_id), context_for(job, item, attempt, self.actor))
         return hook(self.status_of(run_id))
 
     def _after_overrun(self, job: Job, run_id: int, item: ClaimedItem, call: _HookCall,
