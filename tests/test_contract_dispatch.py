@@ -308,6 +308,18 @@ def test_held_back_items_are_due_one_after_another_as_their_bucket_refills(
     assert 60 + 2.5 < seconds_ahead(url, run.id, S1, 3) < 60 + 3.5
 
 
+def test_a_group_due_later_than_a_broker_holds_is_left_owed_for_the_sweeper(
+        ledger: Any) -> None:
+    store, url = ledger
+    run = decomposed(store, 4)
+    limited(store, run.id, [0, 1, 2, 3])
+    got = store.items_hold_back(HoldBack(JOB, run.id, S1, [1, 2, 3], SLOW, 60.0,
+                                         broker_hold=2.5))
+    assert [m.seqs for m in got.messages] == [(1,), (2,)]  # the third: no message
+    assert 2.5 < seconds_ahead(url, run.id, S1, 3) < 3.5  # owed from when it is due
+    assert limited(store, run.id, [3]) == []  # held for the sweeper's message
+
+
 def test_a_copy_of_a_held_back_message_claims_nothing_and_holds_nothing(store: Store) -> None:
     run = decomposed(store, 3)
     limited(store, run.id, [0, 1, 2])

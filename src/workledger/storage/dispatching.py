@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from operator import itemgetter
+from typing import Any
 
 from workledger.core import rates
 from workledger.storage import common
@@ -108,11 +109,13 @@ class Dispatching(StageLimits[C]):
                 may_wait=params.may_wait)
             if not plan.groups:
                 return Hold(wait=plan.wait)
-            dues = [math.ceil((now + wait) * 1000) for count, wait in plan.groups
-                    for _ in range(count)]
-            due_of = dict(zip(ids, dues, strict=True))
-            rows = self._tuples(conn, self.Q["items_hold"], {
-                "ids": self._list(ids), "dues": self._list(dues), "wait": float(params.wait)})
+            waits = [wait for count, wait in plan.groups for _ in range(count)]
+            due_of = {i: math.ceil((now + w) * 1000) for i, w in zip(ids, waits, strict=True)}
+            rows = self._hold(conn, [i for i, w in zip(ids, waits, strict=True)
+                                     if w <= params.broker_hold], due_of, params.wait)
+            # later than a broker holds a message: owed from their due time, published then
+            self._hold(conn, [i for i, w in zip(ids, waits, strict=True)
+                              if w > params.broker_hold], due_of, 0.0)
             if plan.horizon is not None:
                 conn.execute(self.Q["limit_hold"], {
                     "job": params.job, "stage": limit.stage,
@@ -122,6 +125,17 @@ class Dispatching(StageLimits[C]):
             by_due.setdefault(due_of[int(item_id)], []).append(int(seq))
         return Hold(messages=tuple(HeldBack(tuple(sorted(seqs)), max(0.0, due / 1000 - now), due)
                                    for due, seqs in sorted(by_due.items())))
+
+    def _hold(self, conn: C, ids: list[int], due_of: dict[int, int],
+              wait: float) -> list[Any]:
+        """Hold ``ids`` until their due times, owed a message from then plus ``wait`` (and
+        more for each message so far). Dues rise with ids (the groups are in id order), so a
+        dialect that sends a list in id order (PostgreSQL's) keeps each due beside its id."""
+        if not ids:
+            return []
+        return self._tuples(conn, self.Q["items_hold"], {
+            "ids": self._list(ids), "dues": self._list(due_of[i] for i in ids),
+            "wait": float(wait)})
 
     def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
         rows = self._read_tuples(self.Q["items_owed"], {"run_id": run_id, "limit": limit})

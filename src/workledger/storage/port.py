@@ -354,6 +354,11 @@ class HoldBack:
     wait: float  # the ledger's redispatch_after
     held: int | None = None  # the message's own hold, as IdentityClaim.held
     may_wait: bool = False  # the message was held for now: short by a moment, it may wait
+    # seconds a broker may hold a message: a group due later gets none, its items are owed
+    # from their due time and the sweeper publishes them then (a broker holding a message for
+    # long redelivers it or drops the consumer: Redis' visibility timeout, RabbitMQ's
+    # consumer_timeout)
+    broker_hold: float = 300.0
 
 
 class HeldBack(NamedTuple):
