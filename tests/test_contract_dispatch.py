@@ -30,10 +30,12 @@ from workledger.storage.port import (
     DispatchMark,
     Finish,
     FinishParams,
+    HoldBack,
     IdentityClaim,
     ItemsInsert,
     LeaseParams,
     NewItem,
+    StageLimit,
     Store,
 )
 
@@ -276,6 +278,86 @@ def test_a_hand_off_of_an_item_claimed_without_a_broker_owes_nothing(store: Stor
     assert store.run_counts(run.id) == {S1: {"processed": 1}, S2: {"pending": 1}}
 
 
+# -- held back by a limited stage's bucket (migration 0013) ----------------------------------
+
+SLOW = StageLimit(S1, rate=1.0, burst=1.0, max_in_flight=None)  # a token a second
+
+
+def limited(store: Store, run_id: int, seqs: list[int], held: int | None = None) -> list[Any]:
+    return store.items_claim_by_identity(IdentityClaim(JOB, run_id, S1, seqs, LONG,
+                                                       limit=SLOW, held=held))
+
+
+def hold(store: Store, run_id: int, seqs: list[int], held: int | None = None,
+         may_wait: bool = False) -> Any:
+    return store.items_hold_back(HoldBack(JOB, run_id, S1, seqs, SLOW, 60.0, held, may_wait))
+
+
+def test_held_back_items_are_due_one_after_another_as_their_bucket_refills(
+        ledger: Any) -> None:
+    store, url = ledger
+    run = decomposed(store, 4)
+    assert [c.seq for c in limited(store, run.id, [0, 1, 2, 3])] == [0]  # the one token
+    first = hold(store, run.id, [1, 2, 3])
+    assert first.wait == 0 and [m.seqs for m in first.messages] == [(1,), (2,), (3,)]
+    assert [round(m.delay) for m in first.messages] == [1, 2, 3]
+    helds = [m.held for m in first.messages]  # ms apart, by the database's clock
+    assert all(abs(b - a - 1000) <= 1 for a, b in zip(helds, helds[1:], strict=False))
+    # the next message held back waits behind those: the bucket's horizon
+    other = decomposed(store, 2, key="other")
+    later = hold(store, other.id, [0, 1])
+    assert [round(m.delay) for m in later.messages] == [4, 5]
+    # each is owed a message from its due time on (redispatch_after 60 s, one message so far)
+    assert 60 + 2.5 < seconds_ahead(url, run.id, S1, 3) < 60 + 3.5
+
+
+def test_a_group_due_later_than_a_broker_holds_is_left_owed_for_the_sweeper(
+        ledger: Any) -> None:
+    store, url = ledger
+    run = decomposed(store, 4)
+    limited(store, run.id, [0, 1, 2, 3])
+    got = store.items_hold_back(HoldBack(JOB, run.id, S1, [1, 2, 3], SLOW, 60.0,
+                                         broker_hold=2.5))
+    assert [m.seqs for m in got.messages] == [(1,), (2,)]  # the third: no message
+    assert 2.5 < seconds_ahead(url, run.id, S1, 3) < 3.5  # owed from when it is due
+    assert limited(store, run.id, [3]) == []  # held for the sweeper's message
+
+
+def test_a_copy_of_a_held_back_message_claims_nothing_and_holds_nothing(store: Store) -> None:
+    run = decomposed(store, 3)
+    limited(store, run.id, [0, 1, 2])
+    held = hold(store, run.id, [1, 2])
+    assert len(held.messages) == 2
+    # a copy of the first message (no hold of its own): its items are held for later
+    assert limited(store, run.id, [1, 2]) == []
+    assert hold(store, run.id, [1, 2]).messages == ()
+    # the held message itself, delivered early: its bucket is short, so it is held again,
+    # and a copy of it, holding the items until an earlier time, then finds nothing either
+    h1 = held.messages[0].held
+    assert limited(store, run.id, [1], held=h1) == []
+    again = hold(store, run.id, [1], held=h1)
+    assert [m.seqs for m in again.messages] == [(1,)] and again.messages[0].held > h1
+    assert limited(store, run.id, [1], held=h1) == []
+    assert hold(store, run.id, [1], held=h1).messages == ()
+    assert len(limited(store, run.id, [1], held=again.messages[0].held)) <= 1
+
+
+def test_a_held_message_short_of_its_token_by_a_moment_waits_in_place(store: Store) -> None:
+    fast = StageLimit(S1, rate=1000.0, burst=1.0, max_in_flight=None)
+    run = decomposed(store, 2)
+    store.items_claim_by_identity(IdentityClaim(JOB, run.id, S1, [0], LONG, limit=fast))
+    got = store.items_hold_back(HoldBack(JOB, run.id, S1, [1], fast, 60.0, 1, True))
+    assert 0 < got.wait <= 0.001 + 1e-9 and got.messages == ()
+
+
+def test_items_of_a_paused_run_or_claimed_already_are_not_held_back(store: Store) -> None:
+    run = decomposed(store, 3)
+    assert by_identity(store, run.id, [2])
+    assert hold(store, run.id, [2]).messages == ()  # claimed: its holder publishes
+    assert store.run_set_paused(run.id, True, "op", None)
+    assert hold(store, run.id, [0, 1]).messages == ()  # its resume publishes
+
+
 # -- plans: O(seqs) for a claim, O(owed) for the sweeper, at any run size -----------------------
 
 
@@ -293,7 +375,9 @@ def test_postgres_dispatch_statements_use_the_identity_index_and_the_owed_index(
     args = {
         "items_claim_by_identity": {"run_id": run_id, "job": "plan", "stage": "apply",
                                     "seqs": seqs, "lease": 30.0, "limit": len(seqs),
-                                    "holder": None},
+                                    "holder": None, "held": None},
+        "items_holdable": {"run_id": run_id, "job": "plan", "stage": "apply", "seqs": seqs,
+                           "held": 1},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},
@@ -303,7 +387,7 @@ def test_postgres_dispatch_statements_use_the_identity_index_and_the_owed_index(
         conn.execute("ANALYZE wl_items")
         plans = {name: "\n".join(r[0] for r in conn.execute("EXPLAIN " + q[name], a))
                  for name, a in args.items()}
-    for name in ("items_claim_by_identity", "items_mark_dispatched"):
+    for name in ("items_claim_by_identity", "items_mark_dispatched", "items_holdable"):
         assert "wl_items_run_id_stage_seq_key" in plans[name], f"{name}:\n{plans[name]}"
         assert "wl_items_claimable" not in plans[name], f"{name}:\n{plans[name]}"
     assert "wl_items_owed" in plans["items_owed"], plans["items_owed"]
@@ -327,7 +411,9 @@ def test_sqlite_dispatch_statements_use_the_identity_index_and_the_owed_index(
     args = {
         "items_claim_by_identity": {"token": 1, "lease": "+30 seconds", "run_id": run_id,
                                     "job": "plan", "stage": "apply", "seqs": seqs,
-                                    "limit": 100, "holder": None},
+                                    "limit": 100, "holder": None, "held": None},
+        "items_holdable": {"run_id": run_id, "job": "plan", "stage": "apply", "seqs": seqs,
+                           "held": 1},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
         "items_owed": {"run_id": run_id, "limit": 1000},
@@ -335,7 +421,7 @@ def test_sqlite_dispatch_statements_use_the_identity_index_and_the_owed_index(
     plans = {name: " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q[name], a))
              for name, a in args.items()}
     conn.close()
-    for name in ("items_claim_by_identity", "items_mark_dispatched"):
+    for name in ("items_claim_by_identity", "items_mark_dispatched", "items_holdable"):
         assert "sqlite_autoindex_wl_items_1" in plans[name], f"{name}: {plans[name]}"
     assert "wl_items_owed" in plans["items_owed"], plans["items_owed"]
     for name, plan in plans.items():

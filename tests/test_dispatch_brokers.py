@@ -179,3 +179,28 @@ def test_a_rate_limited_stage_holds_through_the_broker(broker: Setup) -> None:
     assert most <= 20 + 5 - 1, most
     assert at[-1] - at[0] >= (120 - 5) / 20 - 0.1  # the rate, not the broker, set the pace
     ledger.close()
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "copies"])
+def test_a_held_back_message_waits_for_its_bucket_and_its_copies_collapse(
+        broker: Setup, twice: bool) -> None:
+    """A stage at 10/s with a burst of 1 and 60 items in 20 messages: all but one item are
+    held back by the bucket. Each held-back message is delivered when the bucket can serve
+    it, so past the 20 first deliveries the broker delivers about one message per item, not
+    every held-back message every tenth of a second. With every message published twice, a
+    copy of a message whose items are held back already claims nothing and publishes
+    nothing: twice as many deliveries, not a second chain of messages for each copy. Counted
+    from the broker workers' reports of the tasks they ran and from the ledger's claims."""
+    units, messages = 60, 20
+    extra = {"WL_CHUNK": str(units // messages), **({"WL_TWICE": "1"} if twice else {})}
+    ledger = broker.ledger(**extra)
+    broker.start_worker(broker.tmp / "worker.log", **extra)
+    sub = ledger.job_named("trickle").submit({"units": units}, key="trickle")
+    st = wait_settled(broker, ledger, sub.run_id)
+    assert st.state == "completed" and executions(broker, "trickle") == units
+    claims = [e for e in ledger.events(sub.run_id) if e.kind == "claimed"]
+    assert len(claims) == units  # each item claimed once: the bucket, not a copy, decided
+    copies = 2 if twice else 1
+    delivered = broker.deliveries()
+    assert delivered <= copies * (messages + 1.2 * units), delivered
+    ledger.close()

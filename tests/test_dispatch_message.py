@@ -23,6 +23,14 @@ def test_a_message_names_items_and_nothing_else() -> None:
                                               (3, 4, 9))  # the delay is the broker's
 
 
+def test_a_held_back_message_names_when_its_items_are_held_until() -> None:
+    m = Message("shop.jobs:ledger", "invoices", 42, "render", (3,), delay=0.1,
+                held=1_796_300_000_123)
+    assert m.body()["held"] == 1_796_300_000_123
+    assert Message.from_body(m.body()) == Message("shop.jobs:ledger", "invoices", 42, "render",
+                                                  (3,), held=1_796_300_000_123)
+
+
 @pytest.mark.parametrize("body", [
     None, [], "text", {"v": 2, "app": "a:b", "job": "j", "run": 1, "stage": "s", "seqs": []},
     {"v": 1, "app": "a:b", "job": "j", "run": "1", "stage": "s", "seqs": [1]},
@@ -32,6 +40,7 @@ def test_a_message_names_items_and_nothing_else() -> None:
     {"v": 1, "app": "a:b", "job": "j", "run": 1, "stage": "s", "seqs": list(range(10_001))},
     {"v": 1, "app": "a:b", "job": "j", "run": 1, "seqs": [1]},
     {"v": 1, "app": 7, "job": "j", "run": 1, "stage": "s", "seqs": [1]},
+    {"v": 1, "app": "a:b", "job": "j", "run": 1, "stage": "s", "seqs": [1], "held": 1.5},
 ])
 def test_anything_but_a_message_is_refused_in_one_line(body: Any) -> None:
     with pytest.raises(BadInput) as err:

@@ -55,6 +55,7 @@ PUBLIC_COLUMNS = {
         "redispatch_at",
         "dispatches",
         "holder",
+        "held_until",
         "result",
         "error",
         "created_at",
@@ -63,7 +64,7 @@ PUBLIC_COLUMNS = {
     "wl_events": {"id", "run_id", "item_id", "at", "kind", "lease_token", "actor", "detail"},
     "wl_stage_counts": {"id", "run_id", "stage", "state", "n"},
     "wl_stage_limits": {"job", "stage", "tokens", "refreshed_at", "rate", "burst",
-                        "max_in_flight"},
+                        "max_in_flight", "held_until"},
 }
 
 PG_UNIQUE_INDEXES = """

@@ -17,6 +17,8 @@ retry at its first attempt (a backoff the broker holds). Stage ``apply`` is not 
 only appends to ``executions``, so a second execution of one item would show. Job ``calls``
 has one ``async def`` stage, ``call``. Job ``paced`` has one stage, ``call``, held to 20 claims
 a second (``rate_limit="20/s"``, a burst of 5) with full history, so each claim is an event.
+Job ``trickle`` has one stage, ``call``, held to 10 claims a second with the default burst of 1
+(``rate_limit="10/s"``), with full history: most of its items are held back by the bucket.
 """
 
 from __future__ import annotations
@@ -139,6 +141,18 @@ def build(env: dict[str, str]) -> Ledger:
     @paced.stage("call", idempotent=True, rate_limit="20/s", burst=5)
     def paced_call(item: Any, ctx: Any) -> Any:
         record(sink, "paced", ctx.idempotency_key)
+        return None
+
+    trickle = book.job("trickle", full_history=True)  # mostly held back by its bucket
+
+    @trickle.decompose
+    def split_trickle(payload: dict[str, Any]) -> Any:
+        for i in range(int(payload["units"])):
+            yield Item(key=f"t{i}")
+
+    @trickle.stage("call", idempotent=True, rate_limit="10/s")
+    def trickle_call(item: Any, ctx: Any) -> Any:
+        record(sink, "trickle", ctx.idempotency_key)
         return None
 
     return book

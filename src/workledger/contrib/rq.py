@@ -9,9 +9,10 @@ then ``rq worker -w workledger.contrib.rq.Worker workledger``. Every message is 
 calling ``workledger.contrib.rq.deliver`` with one argument, the identity of some items, on the
 dispatch's queue (``workledger`` unless you name another); see docs/rq.md. The worker class is
 RQ's own (a work horse forked per job) plus two things: the ledger's sweeper runs in the
-worker's process, leader-elected, and every such worker moves the messages of retries into the
-queue once they are due (held in the Redis sorted set ``workledger:due:<queue>``, never behind
-RQ's scheduler lock, which outlives a worker killed with ``kill -9`` by up to a minute). It
+worker's process, leader-elected, and every such worker moves the messages of retries and of
+items a rate-limited stage's bucket held back into the queue once they are due (held in the
+Redis sorted set ``workledger:due:<queue>``, never behind RQ's scheduler lock, which outlives
+a worker killed with ``kill -9`` by up to a minute). It
 finds the ledgers to sweep where the dispatch records them when it publishes: the Redis set
 ``workledger:apps:<queue>`` (or ``WORKLEDGER_APP``, comma-separated).
 """
@@ -125,6 +126,16 @@ def move_due(connection: Redis, queue: str, now: float | None = None) -> int:
     return moved
 
 
+def until_due(connection: Redis, queue: str) -> float:
+    """Seconds until the next held message of ``queue`` is due (at most ``MOVE_EVERY``): a
+    message a bucket held is moved when its bucket can serve it, not up to half a second on."""
+    first: list[tuple[bytes, float]] = connection.zrange(  # type: ignore[assignment]
+        DUE_KEY.format(queue=queue), 0, 0, withscores=True)
+    if not first:
+        return MOVE_EVERY
+    return min(MOVE_EVERY, max(0.001, first[0][1] - time.time()))
+
+
 class Worker(rq.Worker):
     """RQ's worker, with the ledgers' sweepers in its process and the retries' messages moved
     into its queues when due: ``rq worker -w workledger.contrib.rq.Worker QUEUE``."""
@@ -181,11 +192,13 @@ class _DueMessages:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        failing = False
-        while not self._stop.wait(MOVE_EVERY):
+        failing, wait = False, MOVE_EVERY
+        while not self._stop.wait(wait):
+            wait = MOVE_EVERY
             try:
                 for queue in self.queues:
                     move_due(self.connection, queue)
+                    wait = min(wait, until_due(self.connection, queue))
                 failing = False
             except Exception:  # noqa: BLE001 - Redis away: said once, tried again
                 if not failing:

@@ -58,3 +58,53 @@ def allowance(tokens: float, in_flight: int, max_in_flight: int | None, want: in
     room = want if max_in_flight is None else max(0, max_in_flight - in_flight)
     return max(0, min(want, room, math.floor(tokens + 1e-9)))
 
+
+
+# -- a broker's held-back messages ------------------------------------------------------------
+
+CAP_WAIT = 0.1  # seconds a message held back by a full cap waits: nothing says when a slot frees
+SHORT_WAIT = 0.25  # at most this long a held message short of its token waits for it in place
+
+
+@dataclass(frozen=True)
+class HoldPlan:
+    """What becomes of the items a broker task's claim of a limited stage left.
+
+    ``wait`` above 0: the message was held for now and is short of its tokens by a moment (the
+    bucket lost what a late message before it could not spend); its task waits that long and
+    claims again, holding nothing. Otherwise ``groups``: ``(items, seconds from now)``, each
+    one message held by the broker until then, and ``horizon``: seconds from now until which
+    the bucket's refill is promised to held messages (None: unchanged)."""
+
+    wait: float = 0.0
+    groups: tuple[tuple[int, float], ...] = ()
+    horizon: float | None = None
+
+
+def hold_plan(n: int, tokens: float, horizon: float, rate: float | None, burst: float, *,
+              capped: bool, may_wait: bool = False) -> HoldPlan:
+    """The plan for ``n`` held-back items of a stage whose bucket holds ``tokens`` now and has
+    promised its refill until ``horizon`` seconds from now (at or below 0: to nobody).
+
+    A cap (``capped``, or no rate) holds them all ``CAP_WAIT``. A bucket serves them in groups
+    of ``burst`` items (what it holds at most), each due when the bucket will have refilled
+    its tokens after every message held before it: one message per group, delivered when it
+    can be served, so successive held-back messages are spaced at the rate instead of all
+    trying again at once. ``may_wait``: the items' own message was the one held for now."""
+    if n <= 0:
+        return HoldPlan()
+    if capped or rate is None:
+        return HoldPlan(groups=((n, CAP_WAIT),))
+    size = max(1, int(burst))
+    first = min(size, n)
+    short = (first - tokens) / rate
+    if may_wait and short <= min(SHORT_WAIT, first / rate):
+        return HoldPlan(wait=max(0.001, short))
+    at = max(horizon, -tokens / rate)  # when the tokens not promised yet were (or will be) 0
+    groups = []
+    while n > 0:
+        take = min(size, n)
+        at += take / rate
+        groups.append((take, max(0.001, at)))
+        n -= take
+    return HoldPlan(groups=tuple(groups), horizon=at)

@@ -10,7 +10,9 @@ a chunk (``runtime/chunk.py``: stages, retries, time limits, lease renewals, rec
 stages that are not idempotent, a suspect run alone), through a :class:`TaskHolder` in place of
 the worker. After each commit of outcomes, the rows it handed off to the next stage, the items
 it must retry (held by the broker until due) and the items it released are published
-(:class:`FollowUps`), each marked owed first (``runtime/dispatch.py``).
+(:class:`FollowUps`), each marked owed first (``runtime/dispatch.py``). Of a rate-limited
+stage, what the bucket left is held back (``Store.items_hold_back``): published again, held by
+the broker until the bucket can serve it, and claimed by no copy of an earlier message.
 """
 
 from __future__ import annotations
@@ -37,14 +39,13 @@ from workledger.storage.port import (
     ClaimedItem,
     FinishParams,
     FinishResult,
+    HoldBack,
     IdentityClaim,
     LeaseParams,
-    StageLimit,
     Store,
 )
 
 log = logging.getLogger("workledger.dispatch")
-CAP_WAIT = 0.1  # seconds items held back by a full cap wait for their next message
 
 
 class TaskHolder:
@@ -121,14 +122,6 @@ class FollowUps(DelegatingStore):
         return released
 
 
-def held_back_for(limit: StageLimit) -> float:
-    """How long the items a limited stage's bucket or cap held back wait before their next
-    message: until the bucket is full again, or a moment for a cap to free a slot."""
-    if limit.rate is None:
-        return CAP_WAIT
-    return max(CAP_WAIT, limit.burst / limit.rate)
-
-
 class Delivery:
     """Runs the messages a broker delivers to this process. One handler pool, one set of late
     results and one worker id per process: a broker worker that forks its children (Celery's
@@ -165,15 +158,30 @@ class Delivery:
                 self._loop = AsyncExecutor(self.options.concurrency, name="wl-task-async")
             return self._loop
 
-    def _held_back(self, store: Store, job: Job, message: Message,
-                   claimed: list[ClaimedItem], limit: StageLimit) -> None:
-        """The message's items its stage's limits held back are published again, held by the
-        broker until the bucket has refilled (only those still pending are named)."""
-        taken = {c.seq for c in claimed}
-        rest = [seq for seq in message.seqs if seq not in taken]
-        if rest:
-            self.outbox.send(store, job.name, message.run_id, message.stage, rest,
-                             held_back_for(limit))
+    def _claim(self, store: Store, job: Job, message: Message,
+               worker_id: str) -> list[ClaimedItem]:
+        """Claim the items ``message`` names. Of a limited stage, what its bucket or cap left
+        is held back (``Store.items_hold_back``), published again held until the bucket can
+        serve it; a held message short of its token by a moment waits for it here, once."""
+        limit = next((lim for lim in job.claim_plan()[1] if lim.stage == message.stage), None)
+        may_wait = message.held is not None
+        while True:
+            claimed = store.items_claim_by_identity(IdentityClaim(
+                job.name, message.run_id, message.stage, message.seqs, self.options.lease,
+                worker_id, job.full_history, limit, message.held))
+            taken = {c.seq for c in claimed}
+            rest = [seq for seq in message.seqs if seq not in taken]
+            if limit is None or not rest:
+                return claimed
+            hold = store.items_hold_back(HoldBack(
+                job.name, message.run_id, message.stage, rest, limit, self.outbox.options.wait,
+                message.held, may_wait and not claimed and not self.stop.is_set()))
+            if hold.wait > 0:
+                may_wait = False
+                self.stop.wait(hold.wait)
+                continue
+            self.outbox.publish_held(job.name, message.run_id, message.stage, hold.messages)
+            return claimed
 
     def run(self, body: Any) -> WorkReport:
         """Claim and run the items ``body`` names; what it did (nothing for a copy)."""
@@ -184,12 +192,7 @@ class Delivery:
                              f"not define (defined: {', '.join(sorted(self.jobs)) or 'none'})")
         store, executor, late, worker_id = self._here()
         late.write(TaskHolder(store, self.options, worker_id, random.Random(), late, self.stop))
-        limit = next((lim for lim in job.claim_plan()[1] if lim.stage == message.stage), None)
-        claimed = store.items_claim_by_identity(IdentityClaim(
-            job.name, message.run_id, message.stage, message.seqs, self.options.lease, worker_id,
-            job.full_history, limit))
-        if limit is not None:
-            self._held_back(store, job, message, claimed, limit)
+        claimed = self._claim(store, job, message, worker_id)
         if not claimed:
             log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",
                       message.run_id, message.stage, list(message.seqs)[:5])

@@ -33,7 +33,7 @@ from workledger import failpoints
 from workledger.core import limits
 from workledger.errors import BadInput, UsageError
 from workledger.storage.delegate import DelegatingStore
-from workledger.storage.port import DispatchMark, RunRow, Store
+from workledger.storage.port import DispatchMark, HeldBack, RunRow, Store
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -44,8 +44,10 @@ PAGE = 1000  # items read per statement when a stage or a run's owed items are p
 @dataclass(frozen=True)
 class Message:
     """What a broker carries: the identity of some items of one run and stage, never data.
-    ``delay``: seconds the broker holds it before delivering it (a retry's backoff); it is not
-    part of the body."""
+    ``delay``: seconds the broker holds it before delivering it (a retry's backoff, a bucket's
+    wait); it is not part of the body. ``held``: for a message a limited stage's bucket held
+    back, when its items are held until (ms since the epoch, by the database's clock), so that
+    it, and no copy of an earlier message, claims them (``Store.items_hold_back``)."""
 
     app: str  # module:attribute of the Ledger, imported by the receiving process
     job: str
@@ -53,25 +55,29 @@ class Message:
     stage: str
     seqs: tuple[int, ...]
     delay: float = 0.0
+    held: int | None = None
 
     def body(self) -> dict[str, Any]:
         """The payload as plain JSON (docs/celery.md, docs/rq.md)."""
-        return {"v": VERSION, "app": self.app, "job": self.job, "run": self.run_id,
+        body: dict[str, Any] = {"v": VERSION, "app": self.app, "job": self.job, "run": self.run_id,
                 "stage": self.stage, "seqs": list(self.seqs)}
+        if self.held is not None:
+            body["held"] = self.held
+        return body
 
     @staticmethod
     def from_body(body: Any) -> Message:
         """The message a body names; :class:`BadInput` for anything else."""
         if not isinstance(body, dict) or body.get("v") != VERSION:
             raise BadInput(f"not a workledger message (version {VERSION}): {body!r:.200}")
-        app, job, run, stage, seqs = (body.get(k) for k in ("app", "job", "run", "stage",
-                                                             "seqs"))
+        app, job, run, stage, seqs, held = (body.get(k) for k in (
+            "app", "job", "run", "stage", "seqs", "held"))
         if not (isinstance(app, str) and isinstance(job, str) and isinstance(stage, str)
                 and _whole(run) and isinstance(seqs, list) and all(map(_whole, seqs))
-                and len(seqs) <= limits.CHUNK_MAX):
+                and len(seqs) <= limits.CHUNK_MAX and (held is None or _whole(held))):
             raise BadInput(f"a workledger message with a field missing or malformed: "
                            f"{body!r:.200}")
-        return Message(app, job, cast(int, run), stage, tuple(seqs))
+        return Message(app, job, cast(int, run), stage, tuple(seqs), held=held)
 
 
 def _whole(value: Any) -> bool:
@@ -204,6 +210,17 @@ class Outbox:
             return True
         failpoints.hit("dispatch.before_publish")
         return self._publish(self._messages(job, run_id, stage, marked, delay))
+
+    def publish_held(self, job: str, run_id: int, stage: str,
+                     held: Sequence[HeldBack]) -> bool:
+        """Publish the messages of held-back items, marked owed by ``Store.items_hold_back``
+        already: each held by the broker until its bucket can serve it."""
+        if not held:
+            return True
+        failpoints.hit("dispatch.before_publish")
+        app = self.app()
+        return self._publish([Message(app, job, run_id, stage, h.seqs, h.delay, h.held)
+                              for h in held])
 
     def redispatch(self, store: Store, runs: Iterable[tuple[int, str]]) -> int:
         """Publish again what the claimable ``runs`` owe by now: every such item, page by

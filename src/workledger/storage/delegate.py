@@ -26,6 +26,8 @@ from workledger.storage.port import (
     FinishedRuns,
     FinishParams,
     FinishResult,
+    Hold,
+    HoldBack,
     IdentityClaim,
     ItemRow,
     ItemsInsert,
@@ -213,6 +215,9 @@ class DelegatingStore(Store):
 
     def items_mark_dispatched(self, params: DispatchMark) -> list[int]:
         return self._call(self.inner.items_mark_dispatched, params)
+
+    def items_hold_back(self, params: HoldBack) -> Hold:
+        return self._call(self.inner.items_hold_back, params)
 
     def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
         return self._call(self.inner.items_owed, run_id, limit)

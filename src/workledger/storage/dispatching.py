@@ -9,13 +9,23 @@ publisher died after its commit, is published again by the sweeper (``runtime/di
 
 from __future__ import annotations
 
+import math
 from operator import itemgetter
+from typing import Any
 
+from workledger.core import rates
 from workledger.core.states import ItemState
 from workledger.storage import common
 from workledger.storage.dialect import C
 from workledger.storage.limited import StageLimits
-from workledger.storage.port import ClaimedItem, DispatchMark, IdentityClaim
+from workledger.storage.port import (
+    ClaimedItem,
+    DispatchMark,
+    HeldBack,
+    Hold,
+    HoldBack,
+    IdentityClaim,
+)
 
 OWE_PAGE = 5000  # rows per transaction when a decomposition's rows are marked owed
 
@@ -35,7 +45,8 @@ class Dispatching(StageLimits[C]):
             rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
                 "job": params.job, "stage": params.stage, "seqs": self._list(params.seqs),
-                "limit": allowed, "holder": None, **self._lease_token(conn)})
+                "limit": allowed, "holder": None, "held": params.held,
+                **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed and params.limit is not None and params.limit.rate is not None:
                 conn.execute(self.Q["limit_spend"], {
@@ -79,6 +90,53 @@ class Dispatching(StageLimits[C]):
                 "seqs": self._list(params.seqs), "wait": float(params.wait),
                 "delay": float(params.delay)})
         return sorted(int(r[0]) for r in rows)
+
+    def items_hold_back(self, params: HoldBack) -> Hold:
+        """Hold what a limited claim left until its bucket can serve it (migration 0013): in
+        one transaction, the bucket locked first (the lock order of a claim), then the items."""
+        if not params.seqs:
+            return Hold()
+        limit = params.limit
+        with self._tx() as conn:
+            tokens, allowed = self._limit_allows(conn, params.job, limit, len(params.seqs))
+            now, horizon = self._first(self._tuples(conn, self.Q["limit_horizon"],
+                                                    common.limit_params(params.job, limit)))
+            ids = [int(r[0]) for r in self._tuples(conn, self.Q["items_holdable"], {
+                "run_id": params.run_id, "job": params.job, "stage": params.stage,
+                "seqs": self._list(params.seqs), "held": params.held})]
+            plan = rates.hold_plan(
+                len(ids), tokens, -math.inf if horizon is None else float(horizon) - now,
+                limit.rate, limit.burst, capped=allowed == 0 and tokens >= 1,
+                may_wait=params.may_wait)
+            if not plan.groups:
+                return Hold(wait=plan.wait)
+            waits = [wait for count, wait in plan.groups for _ in range(count)]
+            due_of = {i: math.ceil((now + w) * 1000) for i, w in zip(ids, waits, strict=True)}
+            rows = self._hold(conn, [i for i, w in zip(ids, waits, strict=True)
+                                     if w <= params.broker_hold], due_of, params.wait)
+            # later than a broker holds a message: owed from their due time, published then
+            self._hold(conn, [i for i, w in zip(ids, waits, strict=True)
+                              if w > params.broker_hold], due_of, 0.0)
+            if plan.horizon is not None:
+                conn.execute(self.Q["limit_hold"], {
+                    "job": params.job, "stage": limit.stage,
+                    "held": math.ceil((now + plan.horizon) * 1000)})
+        by_due: dict[int, list[int]] = {}
+        for item_id, seq in rows:
+            by_due.setdefault(due_of[int(item_id)], []).append(int(seq))
+        return Hold(messages=tuple(HeldBack(tuple(sorted(seqs)), max(0.0, due / 1000 - now), due)
+                                   for due, seqs in sorted(by_due.items())))
+
+    def _hold(self, conn: C, ids: list[int], due_of: dict[int, int],
+              wait: float) -> list[Any]:
+        """Hold ``ids`` until their due times, owed a message from then plus ``wait`` (and
+        more for each message so far). Dues rise with ids (the groups are in id order), so a
+        dialect that sends a list in id order (PostgreSQL's) keeps each due beside its id."""
+        if not ids:
+            return []
+        return self._tuples(conn, self.Q["items_hold"], {
+            "ids": self._list(ids), "dues": self._list(due_of[i] for i in ids),
+            "wait": float(wait)})
 
     def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
         rows = self._read_tuples(self.Q["items_owed"], {"run_id": run_id, "limit": limit})

@@ -361,6 +361,48 @@ class IdentityClaim:
     actor: str = "worker"
     record_event: bool = False  # a 'claimed' event per item (full history jobs)
     limit: StageLimit | None = None  # the stage's bucket and cap, when it is limited
+    # the message's own hold (HeldBack.held): its items held until then are its to claim, even
+    # a moment early; None (a message no bucket held) claims no item held until later
+    held: int | None = None
+
+
+@dataclass(frozen=True)
+class HoldBack:
+    """The items of a limited stage a broker task's claim left (its bucket or cap was short).
+    Of them, those still pending, due, in a claimable run and not held for a later message
+    already are held until the bucket can serve them (``core/rates.py:hold_plan``), marked owed
+    a message from then (migration 0013), and pushed onto the bucket's reservation horizon."""
+
+    job: str
+    run_id: int
+    stage: str
+    seqs: Sequence[int]
+    limit: StageLimit
+    wait: float  # the ledger's redispatch_after
+    held: int | None = None  # the message's own hold, as IdentityClaim.held
+    may_wait: bool = False  # the message was held for now: short by a moment, it may wait
+    # seconds a broker may hold a message: a group due later gets none, its items are owed
+    # from their due time and the sweeper publishes them then (a broker holding a message for
+    # long redelivers it or drops the consumer: Redis' visibility timeout, RabbitMQ's
+    # consumer_timeout)
+    broker_hold: float = 300.0
+
+
+class HeldBack(NamedTuple):
+    """One message to publish for held-back items: held ``delay`` seconds by the broker."""
+
+    seqs: tuple[int, ...]
+    delay: float
+    held: int  # when the items are held until: ms since the epoch, by the database's clock
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What ``items_hold_back`` did: held ``messages`` (marked owed, to publish), or nothing
+    and ``wait`` above 0: claim again after that many seconds (``core/rates.py:HoldPlan``)."""
+
+    wait: float = 0.0
+    messages: tuple[HeldBack, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -470,6 +512,7 @@ class Store(Protocol):
     def items_pending_seqs(self, run_id: int, stage: str, after_id: int,
                            limit: int) -> list[tuple[int, int]]: ...  # (id, seq) in id order
     def items_mark_dispatched(self, params: DispatchMark) -> list[int]: ...  # the seqs marked
+    def items_hold_back(self, params: HoldBack) -> Hold: ...  # migration 0013
     # pending, due, and owed a message by now: (stage, seq), oldest first
     def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]: ...
 

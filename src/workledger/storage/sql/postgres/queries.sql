@@ -720,6 +720,9 @@ picked AS (
     WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.seq = ANY (%(seqs)s::bigint[])
       AND i.state COLLATE "C" = 'pending'
       AND (i.not_before IS NULL OR i.not_before <= now())
+      -- not held for a later message (0013): held until the message's own hold at most
+      AND (i.held_until IS NULL
+           OR i.held_until <= greatest(now(), to_timestamp(%(held)s::float8 / 1000)))
       AND i.stage <> '@close'
       AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s AND r.job = %(job)s
                   AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
@@ -735,7 +738,8 @@ UPDATE wl_items SET
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now(),
     redispatch_at = now(),
-    dispatches = 0
+    dispatches = 0,
+    held_until = NULL
 WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
@@ -774,6 +778,46 @@ WHERE id = ANY (ARRAY(SELECT id FROM wl_items
                       ORDER BY id))
   AND state COLLATE "C" = 'pending'
 RETURNING seq;
+
+-- name: limit_horizon
+-- A limited stage's bucket, locked by limit_lock in the same transaction: the database's time
+-- and the bucket's reservation horizon (0013), as seconds since the epoch.
+SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now,
+       EXTRACT(EPOCH FROM held_until)::float8 AS held_until
+FROM wl_stage_limits WHERE job = %(job)s AND stage = %(stage)s;
+
+-- name: limit_hold
+-- The bucket's refill is promised to held-back messages until :held (ms since the epoch).
+UPDATE wl_stage_limits SET held_until = to_timestamp(%(held)s::float8 / 1000)
+WHERE job = %(job)s AND stage = %(stage)s;
+
+-- name: items_holdable
+-- Of the items a broker task's limited claim left, those to hold back (0013): still pending,
+-- due, of a claimable run of the job, and not held for a later message already (a copy of an
+-- earlier message finds none), found by identity and locked in id order after the bucket.
+SELECT i.id FROM wl_items AS i
+WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.seq = ANY (%(seqs)s::bigint[])
+  AND i.state COLLATE "C" = 'pending'
+  AND (i.not_before IS NULL OR i.not_before <= now())
+  AND (i.held_until IS NULL
+       OR i.held_until <= greatest(now(), to_timestamp(%(held)s::float8 / 1000)))
+  AND i.stage <> '@close'
+  AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s AND r.job = %(job)s
+              AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+              AND r.cancelled_at IS NULL)
+ORDER BY i.id
+FOR UPDATE OF i SKIP LOCKED;
+
+-- name: items_hold
+-- Held-back items, each held until its message's due time (ms since the epoch) and owed the
+-- next message from then plus wait * 2^(messages so far, at most 4), as items_mark_dispatched.
+UPDATE wl_items SET held_until = to_timestamp(h.due::float8 / 1000),
+    redispatch_at = to_timestamp(h.due::float8 / 1000) + make_interval(
+        secs => %(wait)s::float8 * power(2, least(dispatches, 4))),
+    dispatches = dispatches + 1
+FROM unnest(%(ids)s::bigint[], %(dues)s::bigint[]) AS h (id, due)
+WHERE wl_items.id = h.id
+RETURNING wl_items.id, wl_items.seq;
 
 -- name: items_owed
 -- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the

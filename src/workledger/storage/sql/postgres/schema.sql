@@ -34,6 +34,7 @@ CREATE TABLE wl_items (
     redispatch_at timestamp with time zone,
     dispatches integer DEFAULT 0 NOT NULL,
     holder text,
+    held_until timestamp with time zone,
     CONSTRAINT wl_items_pkey PRIMARY KEY (id),
     CONSTRAINT wl_items_run_id_stage_seq_key UNIQUE (run_id, stage, seq),
     CONSTRAINT wl_items_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'claimed'::text, 'processed'::text, 'failed'::text, 'skipped'::text, 'unknown'::text])))
@@ -85,6 +86,7 @@ CREATE TABLE wl_stage_limits (
     rate double precision,
     burst double precision NOT NULL,
     max_in_flight bigint,
+    held_until timestamp with time zone,
     CONSTRAINT wl_stage_limits_pkey PRIMARY KEY (job, stage)
 );
 

@@ -677,7 +677,8 @@ UPDATE wl_items SET
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
     updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     redispatch_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
-    dispatches = 0
+    dispatches = 0,
+    held_until = NULL
 WHERE id IN (
     SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
     WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
@@ -685,6 +686,9 @@ WHERE id IN (
       -- due, or written by a clock ahead of this one (updated_at, same statement):
       AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
            OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      -- not held for a later message (0013): held until the message's own hold at most
+      AND (held_until IS NULL OR held_until <= max(strftime('%Y-%m-%d %H:%M:%f', 'now'),
+           COALESCE(strftime('%Y-%m-%d %H:%M:%f', :held / 1000.0, 'unixepoch'), '')))
     -- no more than a limited stage's bucket and cap allow (all of them otherwise)
     ORDER BY id LIMIT :limit)
   AND stage <> '@close'
@@ -726,6 +730,49 @@ WHERE id IN (
     WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs)))
   AND state = 'pending'
 RETURNING seq;
+
+-- name: limit_horizon
+-- A limited stage's bucket, read in the transaction of limit_lock: the database's time and
+-- the bucket's reservation horizon (0013), as seconds since the epoch.
+SELECT (julianday('now') - 2440587.5) * 86400.0 AS now,
+       (julianday(held_until) - 2440587.5) * 86400.0 AS held_until
+FROM wl_stage_limits WHERE job = :job AND stage = :stage;
+
+-- name: limit_hold
+-- The bucket's refill is promised to held-back messages until :held (ms since the epoch).
+UPDATE wl_stage_limits SET held_until = strftime('%Y-%m-%d %H:%M:%f', :held / 1000.0,
+                                                 'unixepoch')
+WHERE job = :job AND stage = :stage;
+
+-- name: items_holdable
+-- Of the items a broker task's limited claim left, those to hold back (0013): still pending,
+-- due, of a claimable run of the job, and not held for a later message already (a copy of an
+-- earlier message finds none), found by identity, in id order.
+SELECT id FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
+WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
+  AND state = 'pending'
+  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+       OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+  AND (held_until IS NULL OR held_until <= max(strftime('%Y-%m-%d %H:%M:%f', 'now'),
+       COALESCE(strftime('%Y-%m-%d %H:%M:%f', :held / 1000.0, 'unixepoch'), '')))
+  AND stage <> '@close'
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.job = :job
+              AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+              AND r.cancelled_at IS NULL)
+ORDER BY id;
+
+-- name: items_hold
+-- Held-back items, each held until its message's due time (ms since the epoch) and owed the
+-- next message from then plus wait * 2^(messages so far, at most 4), as items_mark_dispatched.
+UPDATE wl_items SET
+    held_until = strftime('%Y-%m-%d %H:%M:%f', h.due / 1000.0, 'unixepoch'),
+    redispatch_at = strftime('%Y-%m-%d %H:%M:%f', h.due / 1000.0, 'unixepoch',
+        '+' || printf('%.3f', :wait * (1 << min(dispatches, 4))) || ' seconds'),
+    dispatches = dispatches + 1
+FROM (SELECT i.value AS id, d.value AS due
+      FROM json_each(:ids) AS i JOIN json_each(:dues) AS d ON d.key = i.key) AS h
+WHERE wl_items.id = h.id
+RETURNING id, seq;
 
 -- name: items_owed
 -- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the

@@ -33,6 +33,7 @@ CREATE TABLE wl_items (
     redispatch_at TEXT,
     dispatches INTEGER NOT NULL DEFAULT 0,
     holder TEXT,
+    held_until TEXT,
     CHECK (state IN ('pending', 'claimed', 'processed', 'failed', 'skipped', 'unknown')),
     UNIQUE (run_id, stage, seq)
 );
@@ -85,6 +86,7 @@ CREATE TABLE wl_stage_limits (
     rate REAL,
     burst REAL NOT NULL,
     max_in_flight INTEGER,
+    held_until TEXT,
     PRIMARY KEY (job, stage)
 );
 
