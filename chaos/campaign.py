@@ -16,6 +16,7 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -75,6 +76,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = options(argv)
+    # SIGTERM as Ctrl-C: the round stops its processes, the private server and the partition's
+    # namespace are removed (a plain SIGTERM would leave all three behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(10**9)
     print(f"chaos campaign: backend {a.backend}, seed {seed} "
           f"(replay: python chaos/campaign.py --backend {a.backend} --seed {seed})", flush=True)
