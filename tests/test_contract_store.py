@@ -662,6 +662,33 @@ def test_release_returns_items_to_pending_without_charging_attempts(store: Store
     assert [c.id for c in claim(store, run.id)] == [c.id for c in held]
 
 
+def test_a_claimed_retry_released_is_due_at_once_whatever_clock_wrote_its_time(
+    store: Store, db_url: str,
+) -> None:
+    """A retry's backoff is served once it is claimed. Its time, written by a clock 15 minutes
+    ahead (shifted here, with its updated_at, as such a writer leaves them), stayed on the row
+    through a claim and a release, and the item waited the skew again (a reviewer's case)."""
+    run = decomposed(store, 1)
+    (c,) = claim(store, run.id)
+    finish(store, run.id, done(c, "pending", error="busy", delay=1.0))
+    if db_url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+            conn.execute("UPDATE wl_items SET not_before = strftime('%Y-%m-%d %H:%M:%f',"
+                         " not_before, '+900 seconds'), updated_at = strftime("
+                         "'%Y-%m-%d %H:%M:%f', updated_at, '+900 seconds')")
+        (again,) = claim(store, run.id)  # written by a clock ahead: due for this one
+    else:
+        deadline = time.monotonic() + 10
+        while not (found := claim(store, run.id)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (again,) = found
+    assert store.items_release(lease([again])) == 1
+    assert rows(store, run.id)[0].not_before is None
+    assert [x.id for x in claim(store, run.id)] == [c.id]
+
+
 # -- lease expiry ----------------------------------------------------------------------------
 
 

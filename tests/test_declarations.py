@@ -212,3 +212,56 @@ def test_the_payroll_demo_without_its_extra_says_how_to_install_it(
     assert len(lines) == 1, out.stderr
     assert missing in lines[0] and "pip install 'workledger[demo]'" in lines[0]
     assert list(tmp_path.iterdir()) == []  # nothing written: no ledger, no payslips
+
+
+def test_a_closing_hook_gets_a_context_only_when_it_asks_for_a_second_argument(
+    tmp_path: Path,
+) -> None:
+    """``(status, ctx)`` gets its entry's Context (lease token included); a hook whose second
+    parameter has a default, one of ``*args``, a mock-like or an unwrapped wrapper is called
+    with the status alone, as before the Context was offered (a reviewer's list)."""
+    import functools
+
+    seen: dict[str, tuple[Any, ...]] = {}
+
+    def wants(status: Any, ctx: Any) -> None:
+        seen["wants"] = (status, ctx)
+
+    def extra(status: Any, extra: Any = None) -> None:
+        seen["extra"] = (status, extra)
+
+    def starred(*args: Any) -> None:
+        seen["starred"] = args
+
+    def plain(status: Any) -> None:
+        seen["plain"] = (status,)
+
+    def unwrapped(*a: Any, **k: Any) -> None:
+        plain(*a, **k)
+
+    @functools.wraps(wants)
+    def wrapped(*a: Any, **k: Any) -> None:
+        wants(*a, **k)
+
+    for name, hook in [("wants", wants), ("extra", extra), ("starred", starred),
+                       ("unwrapped", unwrapped), ("wrapped", wrapped)]:
+        seen.clear()
+        ledger = Ledger(f"sqlite:///{tmp_path / f'{name}.db'}")
+        job = ledger.job("j")
+        job.decompose(lambda p: [Item(key="a")])
+        job.stage("s", idempotent=True)(lambda item, ctx: None)
+        job.on_complete(hook)
+        run = job.submit({}).run_id
+        ledger.work(until_idle=True)
+        ledger.sweep()
+        ledger.close()
+        if name in ("wants", "wrapped"):
+            status, ctx = seen["wants"]
+            assert isinstance(ctx, Context) and ctx.stage == "@close" and ctx.lease_token > 0
+            assert status.run_id == run and ctx.idempotency_key == f"{run}/@close/0"
+        elif name == "extra":
+            assert seen["extra"][1] is None
+        elif name == "starred":
+            assert len(seen["starred"]) == 1
+        else:
+            assert list(seen) == ["plain"]

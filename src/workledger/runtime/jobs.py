@@ -185,8 +185,8 @@ class Job:
     ) -> Any:
         """Register the closing hook, called once with the run's ``RunStatus`` when every unit
         is terminal. It is a ledger entry of its own: retried like an item when it raises, and
-        re-run if its process dies inside it, so it should be idempotent. A hook that takes a
-        second argument is given a ``Context`` too, whose ``lease_token`` is its entry's
+        re-run if its process dies inside it, so it should be idempotent. A hook whose second
+        parameter has no default is given a ``Context`` too, whose ``lease_token`` is its entry's
         claim: every later run of the hook has a higher one, so a hook can fence its
         downstream below its own token before it acts (docs/reliability.md, Clocks: a holder
         paused while its session was ended). ``timeout``: seconds it may run before that
@@ -338,16 +338,16 @@ def _plain(hook: Any, what: str) -> Any:
 
 
 def _takes_two(fn: Any) -> bool:
-    """Whether ``fn`` can be called with two positional arguments."""
+    """Whether ``fn`` asks for a second positional argument: one without a default. A hook
+    written ``(status, extra=None)``, ``(*args)``, a mock or a wrapper without
+    ``functools.wraps`` is called as ``(status)``, as it always was."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: called as (status)
         return False
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return True
     positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
 
 
 def _unbound_closing(item: Any, ctx: Any) -> Any:

@@ -5,10 +5,10 @@ The runtime's store wrappers (runtime/patience.py ``PatientStore``, runtime/disp
 ``DispatchingStore``, runtime/delivery.py ``FollowUps``) derive from it and override only what
 they change: ``_call`` for one that changes every call (waiting out an outage), a method for
 one that changes that method. So go-to-definition reaches a body, mypy checks each wrapper
-against the port (this class subclasses the ``Store`` protocol: a port method missing here
-makes it abstract, and instantiating it an error), and no ``cast`` or ``__getattr__`` hides a
-method. A new port method is one more method here (tests/test_contract_store.py checks that
-every one is written out).
+against the port (this class subclasses the ``Store`` protocol: to mypy a port method missing
+here makes every wrapper abstract, and making one an error; at run time it would silently
+answer None, so tests/test_store_wrappers.py checks that every one is written out), and no
+``cast`` or ``__getattr__`` hides a method. A new port method is one more method here.
 """
 
 from __future__ import annotations

@@ -154,6 +154,10 @@ picked AS (
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
     lease_token = (SELECT value FROM token),
     holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),
@@ -186,6 +190,10 @@ picked AS (
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
     lease_token = COALESCE(%(token)s::bigint, (SELECT value FROM token)),
     holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),
@@ -733,6 +741,9 @@ picked AS (
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
     lease_token = (SELECT value FROM token),
     holder = %(holder)s,
     lease_until = now() + make_interval(secs => %(lease)s::float8),

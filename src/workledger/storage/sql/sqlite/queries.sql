@@ -141,6 +141,10 @@ UPDATE wl_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING v
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
     lease_token = :token,
     holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
@@ -166,6 +170,10 @@ RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
     lease_token = :token,
     holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
@@ -672,6 +680,9 @@ ORDER BY run_id;
 UPDATE wl_items SET
     state = 'claimed',
     started_at = NULL,
+    -- a retry's backoff is served once it is claimed: a release or a reclaim
+    -- makes it due at once (a time written by a clock ahead would stay)
+    not_before = NULL,
     lease_token = :token,
     holder = :holder,
     lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
