@@ -439,6 +439,18 @@ def test_a_stopped_holder_keeps_its_items_while_it_lives(
     assert items_of(ledger, run_id)["k0"].state == "processed"
 
 
+def end_sessions(db_url: str) -> int:
+    """``pg_terminate_backend`` of every other client session of the test's database (a
+    worker's holder session with them): how many were ended."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                             " AND backend_type = 'client backend'").fetchone()
+    return int(ended[0]) if ended else 0
+
+
 def test_a_stopped_holder_whose_session_ended_is_fenced_out_by_a_verify_hook_that_fences(
     make_ledger: Callable[..., Any], spawn: Callable[..., Proc], db_url: str, log: Path,  # noqa: F811
 ) -> None:
@@ -450,7 +462,6 @@ def test_a_stopped_holder_whose_session_ended_is_fenced_out_by_a_verify_hook_tha
     token, refuses the late effect: the effect happens once, and the item ends processed."""
     if not db_url.startswith("postgres"):
         pytest.skip("SQLite: a stopped holder keeps its file locked (the test above)")
-    import psycopg
 
     options = {"verify": True, "effect_at": 3.0, "fence": True}
     ledger = make_ledger(**options)
@@ -458,11 +469,7 @@ def test_a_stopped_holder_whose_session_ended_is_fenced_out_by_a_verify_hook_tha
     worker = spawn(app.command(db_url, log, lease=1.0, **options), name="w")
     wait_until(lambda: app.read_log(log), "the handler to start")
     worker.signal(signal.SIGSTOP)
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                             " AND backend_type = 'client backend'").fetchone()
-    assert ended is not None and ended[0] > 0
+    assert end_sessions(db_url) > 0
     time.sleep(2.5)  # past its lease
     report = ledger.sweep(lease=1.0)
     assert (report.to_unknown, report.verified) == (1, 1)  # it looked gone, and was asked
@@ -483,7 +490,6 @@ def test_a_stopped_closing_hook_whose_session_ended_is_fenced_out_by_the_next_ru
     paused run's late effect: one effect, the entry processed."""
     if not db_url.startswith("postgres"):
         pytest.skip("SQLite: a stopped holder keeps its file locked")
-    import psycopg
 
     options = {"hook_for": 3.0, "fence": True}
     ledger = make_ledger(**options)
@@ -491,11 +497,7 @@ def test_a_stopped_closing_hook_whose_session_ended_is_fenced_out_by_the_next_ru
     worker = spawn(app.command(db_url, log, lease=1.0, forever=True, **options), name="w")
     wait_until(lambda: app.effects(log, "close"), "the closing hook to start", timeout=60)
     worker.signal(signal.SIGSTOP)
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                             " AND backend_type = 'client backend'").fetchone()
-    assert ended is not None and ended[0] > 0
+    assert end_sessions(db_url) > 0
     time.sleep(2.5)  # past its lease
     ledger.sweep(lease=1.0)  # takes the entry back and runs the hook again, to its end
     worker.signal(signal.SIGCONT)
@@ -531,7 +533,7 @@ def test_a_running_holder_retakes_its_lock_at_its_next_renewal_after_its_session
         assert conn.execute(held, (HOLDER_LOCK,)).fetchone() == (1,)
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                      " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                     " AND backend_type = 'client backend'")
+                     " AND backend_type = 'client backend'")  # not this one, which looks on
         wait_until(lambda: conn.execute(held, (HOLDER_LOCK,)).fetchone() == (1,),
                    "the holder lock to be taken again", timeout=4.0)
         assert app.effects(log) == {}  # while the handler still runs
