@@ -180,3 +180,22 @@ def test_the_reading_of_imports_sees_what_these_rules_need() -> None:
     assert "sqlite3" in imports_of("workledger.storage.sqlite")
     # a function-level import counts (the CLI loads a demo only when asked)
     assert "workledger.demos.payroll" in internal_imports("workledger.cli.demo")
+
+
+def test_a_sqlite_worker_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
+    """psycopg costs a SQLite process about 10 MiB and 60 ms at start: it is imported only by
+    a store that needs it (``errors.CommitInDoubt`` lives outside ``storage/doubt.py``)."""
+    import subprocess
+
+    code = ("import sys, workledger, workledger.cli, workledger.runtime.worker\n"
+            "from workledger import Ledger\n"
+            f"ledger = Ledger('sqlite:///{tmp_path / 'l.db'}')\n"
+            "job = ledger.job('j')\n"
+            "job.decompose(lambda p: [])\n"
+            "job.stage('s')(lambda item, ctx: None)\n"
+            "job.submit({})\n"
+            "ledger.work(until_idle=True)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -27,11 +27,10 @@ from writes_support import write_of
 
 from workledger import Item, Ledger, Skip
 from workledger.core.status import DECOMPOSITION_FAILED
-from workledger.errors import DatabaseUnavailable
+from workledger.errors import CommitInDoubt, DatabaseUnavailable
 from workledger.runtime.patience import Patience, patient
 from workledger.runtime.reconcile import derive_projection
 from workledger.storage import open_store
-from workledger.storage.doubt import CommitInDoubt
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,

@@ -54,6 +54,12 @@ class DatabaseUnavailable(WorkledgerError):
     """The database cannot be reached or opened (exit 1)."""
 
 
+class CommitInDoubt(DatabaseUnavailable):
+    """A COMMIT was sent, its answer was lost, and whether it happened could not be learned:
+    the call is not tried again (it may have done its work). Raised by PostgreSQL stores only
+    (``storage/doubt.py``)."""
+
+
 class WorkerStuck(WorkledgerError):
     """More handlers stuck past their time limit than the worker's concurrency: it stopped so
     that a supervisor restarts it (a thread cannot be killed, nor a coroutine that ignores

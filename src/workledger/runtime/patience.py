@@ -12,7 +12,7 @@ Every port method is one transaction, so trying one again is safe: a transaction
 before its commit left nothing behind, and one whose COMMIT was sent but whose answer was lost
 is asked about by the store before the call fails (``storage/doubt.py``): had it committed, the
 call returns its result and is not tried at all. What cannot be learned within ``retry_for``
-seconds is :class:`~workledger.storage.doubt.CommitInDoubt`, never tried again (it may have done
+seconds is :class:`~workledger.errors.CommitInDoubt`, never tried again (it may have done
 its work); what cannot be trusted (a failover) is tried again, and the fencing every write
 carries finds it out (a finish written twice is stale the second time).
 """
@@ -26,9 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from workledger.errors import Contention, DatabaseUnavailable
+from workledger.errors import CommitInDoubt, Contention, DatabaseUnavailable
 from workledger.storage.delegate import DelegatingStore
-from workledger.storage.doubt import CommitInDoubt
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.db")

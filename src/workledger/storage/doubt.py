@@ -35,7 +35,9 @@ from typing import Any
 
 import psycopg
 
-from workledger.errors import DatabaseUnavailable
+from workledger.errors import CommitInDoubt
+
+__all__ = ["CommitInDoubt", "Pending", "before_commit", "learn"]
 
 log = logging.getLogger("workledger.db")
 
@@ -56,11 +58,6 @@ _STATUS = f"SELECT pg_xact_status(%s::xid8), {TIMELINE_SQL}"
 # the old session, only if it still runs our transaction (a pid can be reused)
 _END_SESSION = ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE pid = %s AND backend_xid::text = %s")
-
-
-class CommitInDoubt(DatabaseUnavailable):
-    """A COMMIT was sent, its answer was lost, and whether it happened could not be learned:
-    the call is not tried again (it may have done its work)."""
 
 
 @dataclass(frozen=True)
