@@ -139,14 +139,19 @@ class Delivery:
         self._loop: AsyncExecutor | None = None
         self.stop = threading.Event()  # set by an adapter whose worker is shutting down
 
-    def _here(self) -> tuple[Store, ThreadExecutor, LateResults, str]:
+    def _here(self) -> tuple[Store, ThreadExecutor, LateResults, str, str | None]:
+        """This process's store, threads, late results, worker id and holder. The holder
+        (``Store.holder_open``: on SQLite a locked file, on PostgreSQL a session's lock) lives
+        as long as the process: a task stopped past its lease keeps its items, as a worker
+        does, and those of a task whose process died are taken back at once (SQLite)."""
         with self._lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._loop = None
-                self._state = (self._store(), ThreadExecutor(self.options.concurrency,
-                                                             name="wl-task"),
-                               LateResults(), new_worker_id())
+                store = self._store()
+                opened = store.holder_open()
+                self._state = (store, ThreadExecutor(self.options.concurrency, name="wl-task"),
+                               LateResults(), new_worker_id(), opened[0] if opened else None)
             return self._state
 
     def _loop_for(self, job: Job) -> AsyncExecutor | None:
@@ -158,8 +163,8 @@ class Delivery:
                 self._loop = AsyncExecutor(self.options.concurrency, name="wl-task-async")
             return self._loop
 
-    def _claim(self, store: Store, job: Job, message: Message,
-               worker_id: str) -> list[ClaimedItem]:
+    def _claim(self, store: Store, job: Job, message: Message, worker_id: str,
+               holder: str | None) -> list[ClaimedItem]:
         """Claim the items ``message`` names. Of a limited stage, what its bucket or cap left
         is held back (``Store.items_hold_back``), published again held until the bucket can
         serve it; a held message short of its token by a moment waits for it here, once."""
@@ -168,7 +173,7 @@ class Delivery:
         while True:
             claimed = store.items_claim_by_identity(IdentityClaim(
                 job.name, message.run_id, message.stage, message.seqs, self.options.lease,
-                worker_id, job.full_history, limit, message.held))
+                worker_id, job.full_history, limit, message.held, holder))
             taken = {c.seq for c in claimed}
             rest = [seq for seq in message.seqs if seq not in taken]
             if limit is None or not rest:
@@ -190,9 +195,9 @@ class Delivery:
         if job is None:
             raise UnknownJob(f"a message for job {message.job!r}, which {message.app} does "
                              f"not define (defined: {', '.join(sorted(self.jobs)) or 'none'})")
-        store, executor, late, worker_id = self._here()
+        store, executor, late, worker_id, holder_id = self._here()
         late.write(TaskHolder(store, self.options, worker_id, random.Random(), late, self.stop))
-        claimed = self._claim(store, job, message, worker_id)
+        claimed = self._claim(store, job, message, worker_id, holder_id)
         if not claimed:
             log.debug("run %s: nothing of %s/%s left to claim (a copy, or claimed already)",
                       message.run_id, message.stage, list(message.seqs)[:5])

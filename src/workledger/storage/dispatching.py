@@ -45,7 +45,7 @@ class Dispatching(StageLimits[C]):
             rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
                 "job": params.job, "stage": params.stage, "seqs": self._list(params.seqs),
-                "limit": allowed, "holder": None, "held": params.held,
+                "limit": allowed, "holder": params.holder, "held": params.held,
                 **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
             if claimed and params.limit is not None and params.limit.rate is not None:

@@ -364,6 +364,9 @@ class IdentityClaim:
     # the message's own hold (HeldBack.held): its items held until then are its to claim, even
     # a moment early; None (a message no bucket held) claims no item held until later
     held: int | None = None
+    # Store.holder_open's id, of the process running the task: a lease of a task whose process
+    # lives (stopped past its lease) is not taken back, as a worker's (storage/holders.py)
+    holder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,13 @@ from workledger.storage import common, doubt
 from workledger.storage.base import LedgerStore
 from workledger.storage.dialect import Connection, CountRows
 from workledger.storage.holders import new_holder_id
-from workledger.storage.port import ClaimedItem, ClaimParams, ItemsInsert, LeaseParams
+from workledger.storage.port import (
+    ClaimedItem,
+    ClaimParams,
+    IdentityClaim,
+    ItemsInsert,
+    LeaseParams,
+)
 from workledger.storage.queries import queries
 
 CONNECT_TIMEOUT = 5
@@ -321,6 +327,11 @@ class PostgresStore(LedgerStore[Conn]):
         if params.holder is not None:
             self._holder_session(params.holder)
         return super().items_claim(params)
+
+    def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]:
+        if params.holder is not None:
+            self._holder_session(params.holder)
+        return super().items_claim_by_identity(params)
 
     def items_heartbeat(self, params: LeaseParams) -> int:
         """Every renewal first retakes a holder lock whose session was ended (terminated, a
