@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import broker as brokermod
 import netns
 from backend import PostgresBackend, SqliteBackend
 from chaos_app import HANDLER_TIMEOUT, timeouts_supported
@@ -85,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     hang = timeouts_supported()
     skew = faketime_library() is not None
     partition = a.backend == "postgres" and netns.why_not() is None
+    broker = brokermod.why_not() is None
     notes = ([] if hang else ["hang left out of the draw: this workledger has no "
                               "@job.stage(..., timeout=), so a hung handler holds its lease"]) \
         + ([] if skew or a.backend != "sqlite" else
            ["skew left out of the draw: faketime is not installed (apt-get install faketime)"]) \
         + ([] if partition or a.backend != "postgres" else
-           [f"partition left out of the draw: {netns.why_not()}"])
+           [f"partition left out of the draw: {netns.why_not()}"]) \
+        + ([] if broker else [f"broker faults left out of the draw: {brokermod.why_not()}"])
     left_out = "; ".join(notes) or None
     if left_out:
         print(left_out, flush=True)
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         for number in ([a.round] if a.round is not None else range(1, 10**6)):
-            plan = plan_round(seed, number, kinds_for(a.backend, hang, skew, partition),
+            kinds = kinds_for(a.backend, hang, skew, partition, broker)
+            plan = plan_round(seed, number, kinds,
                               a.faults_per_round, a.lease, NEW_KINDS if a.each_kind else ())
             result = Round(plan, backend, workdir, HANDLER_TIMEOUT + a.lease, a.wal_limit_mib,
                            a.liveness_slack).run()

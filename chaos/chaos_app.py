@@ -15,7 +15,9 @@ The environment says where things are: ``CHAOS_SINK`` (the sink file), ``CHAOS_C
 folder: ``refusing`` exists while the downstream refuses; each ``hang.*`` file makes one
 handler hang; each ``slowhook-close.*`` or ``slowhook-verify.*`` file makes one closing or
 verify hook sleep for the seconds it holds, longer than the lease, before it makes its effect
-or gives its answer).
+or gives its answer). In a round through a broker (broker.py), ``CHAOS_QUEUE`` and
+``CHAOS_BROKER_URL`` name the RQ queue the ledger dispatches through, with the round's lease,
+chunk and concurrency (``CHAOS_LEASE``, ``CHAOS_CHUNK``, ``CHAOS_CONCURRENCY``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,26 @@ RETRY = {"max_attempts": 6, "base_delay": 0.2, "max_delay": 1.0}
 # so a verify hook asked, or a rerun started, while it still ran would show as a second effect
 OVERRUN = (0.5, 3.0)
 
-ledger = Ledger()  # the URL comes from --db
+
+
+def _dispatch() -> Any:
+    """The round's broker, when it goes through one (broker.py); else None."""
+    queue = os.environ.get("CHAOS_QUEUE")
+    if not queue:
+        return None
+    from redis import Redis
+
+    from workledger.contrib.rq import RQDispatch
+
+    return RQDispatch(Redis.from_url(os.environ["CHAOS_BROKER_URL"]), queue,
+                      chunk=int(os.environ.get("CHAOS_CHUNK", "4")),
+                      lease=float(os.environ.get("CHAOS_LEASE", "2")),
+                      concurrency=int(os.environ.get("CHAOS_CONCURRENCY", "3")),
+                      app="chaos_app:ledger")
+
+
+# the URL comes from --db, or (an rq worker's work horse) from WORKLEDGER_DB
+ledger = Ledger(dispatch=_dispatch())
 relay = ledger.job("relay", tolerate=0.5, batch_size=4)
 charge = ledger.job("charge", batch_size=4)
 

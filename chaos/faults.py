@@ -61,6 +61,10 @@ def _inject(rnd: Target, fault: Fault, index: int) -> str:
         return _reader(rnd, fault)
     if kind == "partition":
         return _partition(rnd, fault)
+    if kind == "broker_dup":
+        return _duplicate(rnd, fault)
+    if kind == "broker_delay":
+        return _delay(rnd, fault)
     if kind == "lost_ack":
         if rnd.proxy is None or not rnd.backend.up():
             return "dropped" if rnd.proxy is None else "later"
@@ -186,6 +190,42 @@ def _cut_off(rnd: Target, fault: Fault, part: Any, worker: Proc) -> None:
         rnd.log(f"partition healed ({fault.mode})")
         if fault.mode == "long":  # long enough for the server to end the worker's sessions
             sinkmod.cut(str(rnd.sink), "partition", began, time.time())
+
+
+def _duplicate(rnd: Target, fault: Fault) -> str:
+    """Copies of messages published again (broker.py): none to copy yet is ``later``."""
+    if rnd.broker is None:
+        return "dropped"
+    n = rnd.broker.duplicate(fault.mode, fault.pick)
+    if n == 0:
+        return "later"
+    rnd.log(f"broker: {n} {fault.mode} messages published again")
+    rnd.counted("broker_dup", time.monotonic(), fault.mode)
+    return "done"
+
+
+def _delay(rnd: Target, fault: Fault) -> str:
+    """The messages waiting in the queue taken out for the fault's seconds, then put back;
+    one delay at a time."""
+    if rnd.broker is None:
+        return "dropped"
+    if any(t.name == "broker-delay" and t.is_alive() for t in rnd.threads):
+        return "later"
+    taken = rnd.broker.take_out()
+    if not taken:
+        return "later"
+    rnd.log(f"broker: {len(taken)} messages held back for {fault.duration:.2f} s")
+
+    def put_back() -> None:
+        time.sleep(fault.duration)
+        rnd.broker.put_back(taken)
+        rnd.log(f"broker: {len(taken)} held messages put back")
+
+    thread = threading.Thread(target=put_back, name="broker-delay", daemon=True)
+    rnd.threads.append(thread)
+    thread.start()
+    rnd.counted("broker_delay", time.monotonic() + fault.duration)
+    return "done"
 
 
 def _terminate(rnd: Target, fault: Fault) -> str:

@@ -14,11 +14,17 @@ from dataclasses import dataclass, field
 # fault kinds and their weights in the draw (kinds a backend cannot have are left out)
 WEIGHTS = {"kill": 30, "failpoint": 22, "stop": 14, "refuse": 8, "pg_terminate": 12,
            "pg_restart": 6, "hang": 8, "slow_hook": 8, "skew": 6, "reader": 6, "lost_ack": 8,
-           "partition": 6}
+           "partition": 6, "broker_dup": 10, "broker_delay": 8}
 POSTGRES_ONLY = ("pg_terminate", "pg_restart", "lost_ack", "partition")
 SQLITE_ONLY = ("skew",)  # PostgreSQL's leases are the server's clock: a worker's clock is not used
 # the kinds issue 21 added: the short tier requires each of them at least once per backend
-NEW_KINDS = ("hang", "stop", "slow_hook", "skew", "reader", "lost_ack", "partition")
+NEW_KINDS = ("hang", "stop", "slow_hook", "skew", "reader", "lost_ack", "partition",
+             "broker_dup", "broker_delay")
+# a round through a broker (broker.py: RQ on the real Redis) draws these; one round in three
+# goes through one (with --each-kind: the even rounds), the others keep the ledger's own workers
+BROKER_KINDS = ("broker_dup", "broker_delay")
+BROKER_SHARE = 1 / 3
+DUP_MODES = ("queued", "running", "stale")
 SKEW_MINUTES = (2, 15)  # a worker's clock off by this many minutes, either way
 # a partition's length past the lease, in seconds: most are short (the worker's sessions live
 # on and it keeps its items); one in five outlasts the server's keepalive on the worker's
@@ -72,7 +78,8 @@ class Fault:
     nth: int = 1  # which hit of the failpoint kills
     duration: float = 0.0  # stop, refuse, pg_restart, slow_hook, reader: how long it lasts
     mode: str = ""  # pg_restart: fast|immediate; pg_terminate: one|all; slow_hook: close|verify;
-    # skew: faketime's offset, "-7m" or "+3m"; partition: short|long
+    # skew: faketime's offset, "-7m" or "+3m"; partition: short|long;
+    # broker_dup: queued|running|stale
     pick: float = 0.0  # chooses among the live processes of the role at that moment
 
 
@@ -100,16 +107,21 @@ class RoundPlan:
     chaos_seconds: float
     kinds: tuple[str, ...] = field(default=())
 
+    @property
+    def broker(self) -> bool:
+        """Whether the round runs through a broker (a broker fault was drawn)."""
+        return any(f.kind in BROKER_KINDS for f in self.faults)
 
-def kinds_for(backend: str, hang: bool, skew: bool = True,
-              partition: bool = True) -> tuple[str, ...]:
+
+def kinds_for(backend: str, hang: bool, skew: bool = True, partition: bool = True,
+              broker: bool = True) -> tuple[str, ...]:
     """The kinds a backend can have; ``hang`` needs stage time limits, ``skew`` faketime,
-    ``partition`` network namespaces (root and iproute2)."""
+    ``partition`` network namespaces (root and iproute2), ``broker`` rq and a Redis."""
     return tuple(k for k in WEIGHTS
                  if (backend == "postgres" or k not in POSTGRES_ONLY)
                  and (backend == "sqlite" or k not in SQLITE_ONLY)
                  and (hang or k != "hang") and (skew or k != "skew")
-                 and (partition or k != "partition"))
+                 and (partition or k != "partition") and (broker or k not in BROKER_KINDS))
 
 
 def _pick(rng: random.Random, weights: dict[str, int]) -> str:
@@ -152,6 +164,10 @@ def _fault(rng: random.Random, at: float, kind: str, lease: float) -> Fault:
         mode = "long" if rng.random() < 0.2 else "short"
         low, high = PARTITION_LONG if mode == "long" else PARTITION_SHORT
         return Fault(at, kind, role="worker", mode=mode, duration=lease + rng.uniform(low, high))
+    if kind == "broker_dup":  # copies of messages published again
+        return Fault(at, kind, role="broker", mode=rng.choice(DUP_MODES), pick=rng.random())
+    if kind == "broker_delay":  # the waiting messages held back past the redispatch wait
+        return Fault(at, kind, role="broker", duration=2 * lease + rng.uniform(0.5, 4.0))
     return Fault(at, kind, role="handler")  # hang
 
 
@@ -169,8 +185,17 @@ def _kinds_drawn(rng: random.Random, kinds: tuple[str, ...], n: int,
 
 def plan_round(seed: int, number: int, kinds: tuple[str, ...], faults: int = 12,
                lease: float = 2.0, each: tuple[str, ...] = ()) -> RoundPlan:
-    """``each``: kinds every round draws at least once (the short tier: NEW_KINDS)."""
+    """``each``: kinds every round draws at least once (the short tier: NEW_KINDS). Only a
+    round through a broker draws the broker's kinds (BROKER_SHARE; with ``each`` the even
+    rounds), and it draws at least one."""
     rng = random.Random(f"{seed}:{number}")
+    offered = any(k in kinds for k in BROKER_KINDS)
+    broker = offered and (number % 2 == 0 if each else rng.random() < BROKER_SHARE)
+    if not broker:
+        kinds = tuple(k for k in kinds if k not in BROKER_KINDS)
+        each = tuple(k for k in each if k not in BROKER_KINDS)
+    elif not each:
+        each = (rng.choice([k for k in BROKER_KINDS if k in kinds]),)
     runs = [RunPlan(f"r{number}-{i}", "relay" if rng.random() < 0.7 else "charge",
                     rng.randint(12, 48), rng.choice([0, 0, 0, 5, 7]))
             for i in range(rng.randint(3, 6))]

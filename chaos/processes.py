@@ -37,19 +37,29 @@ class Proc:
     stopped_until: float | None = None  # SIGSTOPped until then
     note: dict[str, Any] = field(default_factory=dict)
     reaped: bool = False  # its exit was judged (poll() alone does not judge it)
+    broker: bool = False  # an ``rq worker``, in a session of its own with its work horse
 
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
 
     def signal(self, sig: signal.Signals) -> bool:
-        """Send ``sig`` if the process has not been reaped (so never to a reused pid)."""
+        """Send ``sig`` if the process has not been reaped (so never to a reused pid). An rq
+        worker's SIGKILL, SIGSTOP and SIGCONT reach its work horse too (what runs the
+        handlers, in a process group of its own): the machine dies or stalls, not only the
+        parent; its SIGTERM is RQ's warm shutdown, for the parent alone."""
         if self.popen.returncode is not None:
             return False
         try:
             self.popen.send_signal(sig)
         except ProcessLookupError:
             return False
+        if self.broker and sig != signal.SIGTERM:
+            for pid in in_session(self.popen.pid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         return True
 
     def stdout(self) -> str:
@@ -78,6 +88,19 @@ class Exit:
     lived: float
 
 
+def in_session(sid: int) -> list[int]:
+    """The processes of session ``sid`` but its leader."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != sid:
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 class Spawner:
     """Starts command-line processes of one round with the round's environment."""
 
@@ -89,9 +112,12 @@ class Spawner:
 
     def start(self, role: str, args: list[str], failpoint: str | None = None,
               skew: str | None = None, url: str | None = None, inside: Any = None,
-              **note: Any) -> Proc:
+              broker: Any = None, **note: Any) -> Proc:
         """``url``: another way to the same ledger (the lost-acknowledgement proxy, or the
-        partition's address); ``inside``: a netns.Partition the process runs in."""
+        partition's address); ``inside``: a netns.Partition the process runs in; ``broker``:
+        the round's broker.RQBroker, whose ``rq worker`` this process is (``args`` unused)."""
+        if broker is not None:
+            return self._start_rq(role, broker, url, note)
         self.count += 1
         name = f"{role}-{self.count}" + ("-skewed" if skew else "") \
             + ("-partitioned" if inside is not None else "")
@@ -109,6 +135,22 @@ class Spawner:
             popen = subprocess.Popen(argv, stdout=o, stderr=e, env=env,
                                      stdin=subprocess.DEVNULL, cwd=self.folder)
         return Proc(role, name, argv, popen, out, err, failpoint, note=note)
+
+    def _start_rq(self, role: str, broker: Any, url: str | None, note: dict[str, Any]) -> Proc:
+        """An ``rq worker`` of the round's queue, in a session of its own, reaching the ledger
+        the app names through ``WORKLEDGER_DB``."""
+        self.count += 1
+        name = f"rq-{role}-{self.count}"
+        env = dict(self.env)
+        env["WORKLEDGER_DB"] = url or self.url
+        argv = broker.worker_argv()
+        out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
+        with open(err, "wb") as e:  # RQ logs (and a failed job's traceback) to stdout
+            popen = subprocess.Popen(argv, stdout=e, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, stdin=subprocess.DEVNULL,
+                                     cwd=self.folder)
+        out.touch()
+        return Proc(role, name, argv, popen, out, err, note=note, broker=True)
 
 
 def faketime_library() -> str | None:
@@ -149,6 +191,16 @@ def round_env(sink: Path, control: Path) -> dict[str, str]:
 
 
 ERROR_LINE = re.compile(r"^error: (.*)$", re.MULTILINE)
+# the exception a traceback in an rq worker's log ends with: a job that raised (RQ logs it and
+# moves the job to its failed registry; the ledger's sweeper takes its items back)
+# (the last of a chain: a cause is followed by "The above exception ..." or "During handling")
+RAISED = re.compile(r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*(\S.*)$"
+                    r"(?!(?:\n[ \t].*)*\n+(?:The above exception|During handling))",
+                    re.MULTILINE)
+# what a broker task may fail with: the database away past the retry layer's patience (a
+# restart, terminated sessions, a partition), or a COMMIT whose outcome could not be learned
+BROKER_RAISES = ("workledger.errors.DatabaseUnavailable", "workledger.errors.CommitInDoubt",
+                 "workledger.errors.Contention")
 
 
 def judge(proc: Proc) -> Exit:
@@ -161,7 +213,9 @@ def judge(proc: Proc) -> Exit:
     error = errors[-1].strip() if errors else None
     fired = bool(proc.failpoint) and rc == 137
     problem = None
-    if "Traceback (most recent call last)" in text:
+    if proc.broker:
+        problem = _broker_problem(text)
+    elif "Traceback (most recent call last)" in text:
         problem = "a traceback on stderr"
     elif error is not None and error.startswith("unexpected"):
         problem = f"an unexpected error: {error}"
@@ -173,6 +227,18 @@ def judge(proc: Proc) -> Exit:
         problem = f"exit code {rc}"
     return Exit(proc.role, proc.name, rc, fired, error, problem,
                 time.monotonic() - proc.started)
+
+
+def _broker_problem(text: str) -> str | None:
+    """Check E for an rq worker: RQ logs a job that raised with its traceback and goes on, so
+    a traceback is a problem only when the job raised what a broker task must not (a bug, not
+    a database away); its own errors are the same one-line kinds as a worker's."""
+    for raised in RAISED.findall(text):
+        if not raised.startswith(BROKER_RAISES):
+            return f"a job raised {raised.strip()[:200]}"
+    if "Traceback (most recent call last)" in text and not RAISED.findall(text):
+        return "a traceback on stderr"
+    return None
 
 
 def _allowed(proc: Proc) -> set[int]:

@@ -23,6 +23,7 @@ from typing import Any
 import oracle
 import sink as sinkmod
 from backend import Db, Unreachable
+from broker import RQBroker
 from faults import inject
 from oracle import Violation
 from plan import RoundPlan, RunPlan
@@ -86,7 +87,13 @@ class Round:
         # a round trip's worth of the campaign's CPU)
         self.proxy = CommitCutter(backend.server.port) \
             if any(f.kind == "lost_ack" for f in plan.faults) else None
-        self.spawner = Spawner(self.url, self.folder, round_env(self.sink, self.control))
+        # a round through a broker: the app dispatches as RQ jobs on a queue of the round's own,
+        # and the supervised workers are rq workers (broker.py)
+        self.broker = RQBroker(plan.seed, plan.number) if plan.broker else None
+        env = round_env(self.sink, self.control)
+        if self.broker is not None:
+            env.update(self.broker.env(plan.lease, plan.chunk, plan.concurrency))
+        self.spawner = Spawner(self.url, self.folder, env)
         self.db = Db(self.url)
         self.procs: list[Proc] = []
         self.exits: list[Exit] = []
@@ -100,7 +107,7 @@ class Round:
         self._lock = threading.Lock()
         work = ["worker", "--lease", f"{plan.lease:g}", "--chunk", str(plan.chunk),
                 "--concurrency", str(plan.concurrency)]
-        self.worker_slots = [Slot("worker", work, proxied=i == 0)
+        self.worker_slots = [Slot("worker", work, proxied=i == 0, broker=plan.broker)
                              for i in range(plan.workers)]
         self.sweeper_slot = Slot("sweeper", ["sweep", "--grace", "1", "--lease",
                                               f"{plan.lease:g}"], proxied=True)
@@ -158,12 +165,14 @@ class Round:
 
     def _spawn(self, role: str, args: list[str], failpoint: str | None = None,
                skew: str | None = None, proxied: bool = False, url: str | None = None,
-               inside: Any = None, **note: Any) -> Proc:
+               inside: Any = None, broker: bool = False, **note: Any) -> Proc:
         if proxied and self.proxy is not None:
             url = self.proxy.url(self.url)
-        proc = self.spawner.start(role, args, failpoint, skew, url, inside, **note)
+        proc = self.spawner.start(role, args, failpoint, skew, url, inside,
+                                  self.broker if broker else None, **note)
         self.procs.append(proc)
-        self.log(f"start {proc.name} pid {proc.popen.pid}: {' '.join(args[:4])}"
+        what = " ".join(proc.argv[1:2] + proc.argv[-1:] if proc.broker else args[:4])
+        self.log(f"start {proc.name} pid {proc.popen.pid}: {what}"
                  + (f" [failpoint {failpoint}]" if failpoint else "")
                  + (f" [faketime {skew}]" if skew else ""))
         return proc
@@ -190,6 +199,8 @@ class Round:
             self._stop()
             if self.proxy is not None:
                 self.proxy.close()
+            if self.broker is not None:
+                self.broker.close()
         return self._judge(recovery, stuck, time.monotonic() - began)
 
     def _chaos(self) -> None:
@@ -329,7 +340,8 @@ class Round:
             slot.backoff = 0.2 if clean or lived > 2.0 else min(slot.backoff * 2, 1.6)
             slot.start_at, slot.proc = now + slot.backoff, None
         if slot.proc is None and now >= slot.start_at:
-            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint, proxied=slot.proxied)
+            slot.proc = self._spawn(slot.role, slot.args, slot.failpoint, proxied=slot.proxied,
+                                    broker=slot.broker)
 
     def _reaped(self, p: Proc, now: float) -> None:
         ended = judge(p)

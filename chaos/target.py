@@ -26,6 +26,7 @@ class Slot:
     backoff: float = 0.2
     failpoint: str | None = None
     proxied: bool = False  # through the lost-acknowledgement proxy, when the round has one
+    broker: bool = False  # an ``rq worker`` of the round's queue (broker.py)
 
 
 class Target(Protocol):
@@ -41,6 +42,7 @@ class Target(Protocol):
     armed: int  # failpoints carried by processes started for them
     threads: list[threading.Thread]  # joined when the round stops
     proxy: Any  # proxy.py's CommitCutter, in a round that loses acknowledgements; else None
+    broker: Any  # broker.py's RQBroker, in a round through a broker; else None
     refuse_for: Any
 
     def live(self, role: str) -> list[Proc]: ...

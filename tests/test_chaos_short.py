@@ -25,9 +25,11 @@ CAMPAIGN = ROOT / "chaos" / "campaign.py"
 SEED = int(os.environ.get("WORKLEDGER_CHAOS_SEED", "20261201"))
 sys.path.insert(0, str(CAMPAIGN.parent))
 try:
+    import broker as chaos_broker
     import netns
     import oracle
     import plan as chaos_plan
+    import processes as chaos_processes
     from sink import Choice, Effect, Refusal, SinkView
 finally:
     sys.path.remove(str(CAMPAIGN.parent))
@@ -51,6 +53,16 @@ def partition_or_skip() -> None:
         pytest.skip(f"no network partition can be made here: {why}")
 
 
+def broker_or_skip() -> bool:
+    """The broker faults need rq and the real Redis: required in CI (its services run Redis);
+    elsewhere the tier runs without them. Whether they are drawn."""
+    if (why := chaos_broker.why_not()) is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no round can go through a broker: {why}")
+        return False
+    return True
+
+
 def campaign(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(CAMPAIGN), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
@@ -63,6 +75,7 @@ def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
         partition_or_skip()
     if backend == "sqlite":
         faketime_or_skip()
+    broker = broker_or_skip()
     done = campaign("--backend", backend, "--kills", "60", "--faults-per-round", "15",
                     "--each-kind", "--seed", str(SEED), "--json", "--workdir", str(tmp_path),
                     timeout=900)
@@ -73,7 +86,7 @@ def test_sixty_faults_break_no_promise(backend: str, tmp_path: Path) -> None:
     assert summary["seed"] == SEED and summary["kills"] >= 60
     assert summary["faults"].get("kill", 0) > 0 and summary["items"] > 0
     assert summary["effects"] > 0 and summary["recovery_p99"] is not None
-    drawn = chaos_plan.kinds_for(backend, True)
+    drawn = chaos_plan.kinds_for(backend, True, broker=broker)
     wanted = [k for k in chaos_plan.NEW_KINDS if k in drawn]
     assert {k for k in wanted if not summary["faults"].get(k)} == set(), summary["faults"]
     assert summary["hooks_slowed"] > 0, "no closing or verify hook outlived its lease"
@@ -212,12 +225,20 @@ def test_a_wal_over_the_stated_bound_is_a_violation() -> None:
 
 
 def test_every_new_kind_is_drawn_when_each_kind_is_asked_for() -> None:
+    """The even rounds go through a broker and draw its kinds too; the odd ones draw none."""
+    broker = set(chaos_plan.BROKER_KINDS)
     for backend in ("sqlite", "postgres"):
         kinds = chaos_plan.kinds_for(backend, True)
         for number in range(1, 6):
             planned = chaos_plan.plan_round(SEED, number, kinds, 15, 2.0, chaos_plan.NEW_KINDS)
             drawn = {f.kind for f in planned.faults}
-            assert {k for k in chaos_plan.NEW_KINDS if k in kinds} <= drawn, (backend, drawn)
+            wanted = {k for k in chaos_plan.NEW_KINDS if k in kinds}
+            if number % 2:
+                wanted -= broker
+                assert not drawn & broker and not planned.broker, (backend, number, drawn)
+            assert wanted <= drawn, (backend, drawn)
+            assert planned.broker == (number % 2 == 0)
+    assert not set(chaos_plan.kinds_for("sqlite", True, broker=False)) & broker
     assert "skew" not in chaos_plan.kinds_for("postgres", True)
     assert "lost_ack" not in chaos_plan.kinds_for("sqlite", True)
     assert "partition" not in chaos_plan.kinds_for("sqlite", True)
@@ -262,3 +283,63 @@ def test_the_sink_refuses_an_effect_fenced_out_and_records_it(tmp_path: Path) ->
     assert view.effects == Counter({"1/deliver/0": 1})
     assert [(r.key, r.token) for r in view.refusals] == [("1/deliver/0", 7)]
     assert view.refusals[0].started > 0
+
+
+def test_a_third_of_the_rounds_go_through_a_broker_and_only_they_draw_its_faults() -> None:
+    kinds = chaos_plan.kinds_for("postgres", True)
+    plans = [chaos_plan.plan_round(SEED, n, kinds) for n in range(1, 301)]
+    through = [p for p in plans if p.broker]
+    assert 0.25 < len(through) / len(plans) < 0.42, len(through)
+    for p in plans:
+        drawn = {f.kind for f in p.faults} & set(chaos_plan.BROKER_KINDS)
+        assert bool(drawn) == p.broker, (p.number, drawn)
+    modes = {f.mode for p in through for f in p.faults if f.kind == "broker_dup"}
+    assert modes == set(chaos_plan.DUP_MODES)
+    assert all(f.duration > 2 * p.lease for p in through for f in p.faults
+               if f.kind == "broker_delay"), "a delay shorter than the redispatch wait"
+
+
+RQ_LOG = """17:01:02 Worker w-1: started with PID 10, version 3.0.0
+17:01:03 Worker w-1: q: workledger.contrib.rq.deliver({{'v': 1}}) (abc)
+17:01:04 Worker w-1: job abc: exception raised while executing (workledger.contrib.rq.deliver)
+Traceback (most recent call last):
+  File "/x/psycopg/connection.py", line 1, in connect
+    raise last_ex.with_traceback(None)
+psycopg.OperationalError: consuming input failed: server closed the connection unexpectedly
+	This probably means the server terminated abnormally
+	before or while processing the request.
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/x/rq/worker/base.py", line 1671, in perform_job
+    return_value = job.perform()
+                   ^^^^^^^^^^^^^
+{raised}
+
+17:01:04 Worker w-1: q: Job OK (abd)
+"""
+
+
+def _rq_worker_exit(tmp_path: Path, log: str) -> Any:
+    err = tmp_path / "rq-worker-1.err"
+    err.write_text(log)
+    popen = subprocess.Popen([sys.executable, "-c", "pass"])
+    popen.wait()
+    proc = chaos_processes.Proc("worker", "rq-worker-1", [], popen, tmp_path / "o", err,
+                                broker=True)
+    return chaos_processes.judge(proc)
+
+
+def test_check_e_allows_an_rq_job_that_raised_only_for_the_database_being_away(
+        tmp_path: Path) -> None:
+    """RQ logs a job that raised, with its traceback, and goes on: a broker task that lost its
+    database past the retry layer's patience is how a broker worker lives through an outage;
+    any other exception is a bug, and so is a traceback with no exception line."""
+    away = "workledger.errors.DatabaseUnavailable: the database cannot be reached: refused"
+    assert _rq_worker_exit(tmp_path, RQ_LOG.format(raised=away)).problem is None
+    assert _rq_worker_exit(tmp_path, "17:01:02 Worker w-1: Job OK (a)\n").problem is None
+    bug = _rq_worker_exit(tmp_path, RQ_LOG.format(raised="KeyError: 'lease_token'"))
+    assert bug.problem is not None and "KeyError: 'lease_token'" in bug.problem
+    cut = _rq_worker_exit(tmp_path, "Traceback (most recent call last):\n")
+    assert cut.problem == "a traceback on stderr"
