@@ -18,7 +18,7 @@ from writes_support import write_of
 
 from workledger import Ledger, Permanent
 from workledger.core.status import CLOSE_STAGE
-from workledger.runtime.reconcile import derive_projection
+from workledger.runtime.repair.reconcile import derive_projection
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,

@@ -14,7 +14,7 @@ import pytest
 
 from workledger import Context, Item, ItemView, Ledger, Permanent
 from workledger.errors import UsageError
-from workledger.runtime.execute import TRACE_LIMIT
+from workledger.runtime.handlers.execute import TRACE_LIMIT
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import pytest
 
 from workledger import Ledger
 from workledger.errors import BadInput, UsageError
-from workledger.runtime.dispatch import BrokerDispatch, DispatchOptions, Message, chunks
+from workledger.runtime.broker.dispatch import BrokerDispatch, DispatchOptions, Message, chunks
 
 pytestmark = pytest.mark.unit
 

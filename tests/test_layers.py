@@ -187,7 +187,7 @@ def test_a_sqlite_worker_never_loads_the_postgresql_driver(tmp_path: Path) -> No
     a store that needs it (``errors.CommitInDoubt`` lives outside ``storage/doubt.py``)."""
     import subprocess
 
-    code = ("import sys, workledger, workledger.cli, workledger.runtime.worker\n"
+    code = ("import sys, workledger, workledger.cli, workledger.runtime.worker.worker\n"
             "from workledger import Ledger\n"
             f"ledger = Ledger('sqlite:///{tmp_path / 'l.db'}')\n"
             "job = ledger.job('j')\n"

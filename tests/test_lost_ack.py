@@ -29,7 +29,7 @@ from workledger import Item, Ledger, Skip
 from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.errors import CommitInDoubt, DatabaseUnavailable
 from workledger.runtime.patience import Patience, patient
-from workledger.runtime.reconcile import derive_projection
+from workledger.runtime.repair.reconcile import derive_projection
 from workledger.storage import open_store
 from workledger.storage.port import (
     ClaimedItem,

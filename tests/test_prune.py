@@ -18,7 +18,7 @@ from web_support import WEB_APP, build, cli_env, make_unknown, wl
 
 from workledger import Ledger
 from workledger.http import create_app
-from workledger.runtime import retention
+from workledger.runtime.repair import retention
 
 pytestmark = pytest.mark.integration
 MONTH = 30 * 86400.0

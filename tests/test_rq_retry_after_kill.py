@@ -54,7 +54,7 @@ def test_a_held_retry_is_enqueued_once_when_due_however_many_workers_move(
     from redis import Redis
 
     from workledger.contrib.rq import DUE_KEY, RQDispatch, move_due
-    from workledger.runtime.dispatch import Message
+    from workledger.runtime.broker.dispatch import Message
 
     setup = rq_setup
     redis = Redis.from_url(setup.env["WL_BROKER_URL"])

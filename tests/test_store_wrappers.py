@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from workledger.runtime.delivery import FollowUps
-from workledger.runtime.dispatch import DispatchingStore
+from workledger.runtime.broker.delivery import FollowUps
+from workledger.runtime.broker.dispatch import DispatchingStore
 from workledger.runtime.patience import Patience, PatientStore, patient
 from workledger.storage.delegate import DelegatingStore
 from workledger.storage.port import NewRun, Store

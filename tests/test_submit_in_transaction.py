@@ -19,7 +19,7 @@ import pytest
 
 from workledger import Item, Ledger
 from workledger.errors import BadInput, PayloadMismatch, UsageError
-from workledger.runtime.worker import Worker
+from workledger.runtime.worker.worker import Worker
 
 pytestmark = pytest.mark.integration
 

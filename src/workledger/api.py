@@ -28,8 +28,16 @@ from workledger.errors import (
     UnknownRun,
     UsageError,
 )
-from workledger.runtime import inputs, operations, overview, retention
-from workledger.runtime.audit import (
+from workledger.runtime import inputs, overview
+from workledger.runtime.broker.delivery import Delivery
+from workledger.runtime.broker.dispatch import Broker, Outbox, dispatching
+from workledger.runtime.decompose import decompose
+from workledger.runtime.handlers.processes import find_app, import_app
+from workledger.runtime.jobs import Job, canonical_json, default_key
+from workledger.runtime.overview import MetricsSnapshot
+from workledger.runtime.patience import Patience, patient
+from workledger.runtime.repair import operations, retention
+from workledger.runtime.repair.audit import (
     AuditFilter,
     AuditPage,
     Finding,
@@ -38,21 +46,14 @@ from workledger.runtime.audit import (
     audit_page,
     group_findings,
 )
-from workledger.runtime.decompose import decompose
-from workledger.runtime.delivery import Delivery
-from workledger.runtime.dispatch import Broker, Outbox, dispatching
-from workledger.runtime.holder import WorkerOptions, WorkReport
-from workledger.runtime.jobs import Job, canonical_json, default_key
-from workledger.runtime.operations import RESOLVE_TARGETS, History
-from workledger.runtime.overview import MetricsSnapshot
-from workledger.runtime.patience import Patience, patient
-from workledger.runtime.processes import find_app, import_app
-from workledger.runtime.reconcile import differences, reconcile
+from workledger.runtime.repair.operations import RESOLVE_TARGETS, History
+from workledger.runtime.repair.reconcile import differences, reconcile
+from workledger.runtime.repair.retention import PruneReport
+from workledger.runtime.repair.sweeper import Sweeper, SweepReport
 from workledger.runtime.results import RunStatus, Submission
-from workledger.runtime.retention import PruneReport
 from workledger.runtime.status import status_of
-from workledger.runtime.sweeper import Sweeper, SweepReport
-from workledger.runtime.worker import Worker
+from workledger.runtime.worker.holder import WorkerOptions, WorkReport
+from workledger.runtime.worker.worker import Worker
 from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (

@@ -14,7 +14,7 @@ from workledger.api import RunStatus
 
 if TYPE_CHECKING:
     from workledger.api import Finding
-    from workledger.runtime.operations import History
+    from workledger.runtime.repair.operations import History
     from workledger.storage.port import ItemRow, Reconciled
 
 # A status and an item are their dataclasses' fields, in order (runtime/results.py RunStatus,

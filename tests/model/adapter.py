@@ -19,11 +19,11 @@ from typing import Any, NamedTuple
 
 from workledger import Permanent, Retry, Skip
 from workledger.core.outcomes import Failed, Outcome, Processed, RetryLater, Skipped, Unknown
-from workledger.runtime import operations
-from workledger.runtime.execute import to_finish
+from workledger.runtime.handlers.execute import to_finish
 from workledger.runtime.jobs import Job as RealJob
-from workledger.runtime.reconcile import derive_projection
-from workledger.runtime.sweeper import Sweeper, SweepReport
+from workledger.runtime.repair import operations
+from workledger.runtime.repair.reconcile import derive_projection
+from workledger.runtime.repair.sweeper import Sweeper, SweepReport
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,

@@ -2,7 +2,7 @@
 running the ledger's sweeper beside the broker's own loop.
 
 A user starts only the broker's worker command; its processes run the ledger's periodic
-sweeper (``runtime/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
+sweeper (``runtime/repair/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
 and the re-dispatch of what a broker lost), in a thread, only while this process leads the
 sweeping of the ledger's jobs (``Store.lead``), exactly as ``workledger worker`` does. Many
 broker worker processes of one ledger therefore run one sweeper, and a second one takes over
@@ -19,8 +19,8 @@ from dataclasses import asdict
 from workledger.api import Ledger, import_app
 from workledger.errors import UsageError
 from workledger.runtime.patience import Patience, patient
-from workledger.runtime.sweeper import SweepLoop, SweepReport
-from workledger.runtime.worker import new_worker_id
+from workledger.runtime.repair.sweeper import SweepLoop, SweepReport
+from workledger.runtime.worker.worker import new_worker_id
 
 log = logging.getLogger("workledger.dispatch")
 

@@ -10,7 +10,7 @@ safe when two sweepers race, because every write is guarded by the state it move
 - runs the closing hook of complete runs, once, as a ledger entry of its own;
 
 and, for a ledger that dispatches through a broker, publishes again the messages its pending
-items are owed by now (``runtime/dispatch.py``).
+items are owed by now (``runtime/broker/dispatch.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from workledger.core.text import Unstorable, json_text, reason_text
 from workledger.errors import DatabaseUnavailable, DecompositionFailed, WorkledgerError
 from workledger.runtime.decompose import decompose
 from workledger.runtime.deferred import take_deferred
-from workledger.runtime.execute import (
+from workledger.runtime.handlers.execute import (
     context_for,
     run_handler,
     to_finish,
@@ -132,7 +132,7 @@ class Sweeper:
     ) -> None:
         self.store = store
         self.timeout = timeout  # a hook's time limit where its stage sets none
-        # with a broker: publish again what is owed a message by now (runtime/dispatch.py)
+        # with a broker: publish again what is owed a message by now (runtime/broker/dispatch.py)
         self.redispatch = redispatch
         # after a decomposer failed n times, wait backoff * 2^(n-1) s (at most 1 h) to retry it
         self.backoff = backoff

@@ -23,8 +23,8 @@ from workledger.core.status import (
 )
 from workledger.errors import BadInput
 from workledger.runtime.jobs import Job
-from workledger.runtime.operations import ACKNOWLEDGED
-from workledger.runtime.reconcile import differences, reconcile
+from workledger.runtime.repair.operations import ACKNOWLEDGED
+from workledger.runtime.repair.reconcile import differences, reconcile
 from workledger.runtime.status import decompose_failures, status_of
 from workledger.storage.port import AuditItems, EventRow, ItemRow, RunRow, Store
 
