@@ -28,12 +28,13 @@ from workledger.errors import (
     UnknownRun,
     UsageError,
 )
+from workledger.jobs import Job, canonical_json, default_key
+from workledger.results import RunStatus, Submission
 from workledger.runtime import inputs, overview
 from workledger.runtime.broker.delivery import Delivery
 from workledger.runtime.broker.dispatch import Broker, Outbox, dispatching
 from workledger.runtime.decompose import decompose
 from workledger.runtime.handlers.processes import find_app, import_app
-from workledger.runtime.jobs import Job, canonical_json, default_key
 from workledger.runtime.overview import MetricsSnapshot
 from workledger.runtime.patience import Patience, patient
 from workledger.runtime.repair import operations, retention
@@ -50,7 +51,6 @@ from workledger.runtime.repair.operations import RESOLVE_TARGETS, History
 from workledger.runtime.repair.reconcile import differences, reconcile
 from workledger.runtime.repair.retention import PruneReport
 from workledger.runtime.repair.sweeper import Sweeper, SweepReport
-from workledger.runtime.results import RunStatus, Submission
 from workledger.runtime.status import status_of
 from workledger.runtime.worker.holder import WorkerOptions, WorkReport
 from workledger.runtime.worker.worker import Worker

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 from workledger import Permanent, Retry, Skip
 from workledger.core.outcomes import Failed, Outcome, Processed, RetryLater, Skipped, Unknown
+from workledger.jobs import Job as RealJob
 from workledger.runtime.handlers.execute import to_finish
-from workledger.runtime.jobs import Job as RealJob
 from workledger.runtime.repair import operations
 from workledger.runtime.repair.reconcile import derive_projection
 from workledger.runtime.repair.sweeper import Sweeper, SweepReport

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Mapping
 
 from workledger.errors import DatabaseUnavailable, DecompositionFailed
+from workledger.jobs import Job
 from workledger.runtime.decompose import decompose
-from workledger.runtime.jobs import Job
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.deferred")

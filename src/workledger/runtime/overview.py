@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from workledger.core.status import finished_state as finished_state_of
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.runtime.status import status_of
 from workledger.storage.port import Attention, FinishedRuns, Store
 

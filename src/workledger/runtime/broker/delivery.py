@@ -27,10 +27,10 @@ from typing import Any
 
 from workledger.core.states import ItemState
 from workledger.errors import UnknownJob
+from workledger.jobs import Job
 from workledger.runtime.broker.dispatch import DispatchOptions, Message, Outbox
 from workledger.runtime.handlers.async_executor import AsyncExecutor
 from workledger.runtime.handlers.executors import ThreadExecutor
-from workledger.runtime.jobs import Job
 from workledger.runtime.worker.chunk import Chunk, LateResults
 from workledger.runtime.worker.holder import WorkerOptions, WorkReport
 from workledger.runtime.worker.worker import new_worker_id

@@ -22,7 +22,7 @@ from workledger.core.status import (
     decomposer_needs_person,
 )
 from workledger.errors import BadInput
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.runtime.repair.operations import ACKNOWLEDGED
 from workledger.runtime.repair.reconcile import differences, reconcile
 from workledger.runtime.status import decompose_failures, status_of

@@ -17,7 +17,7 @@ from workledger.core import writes
 from workledger.core.states import Actor, ItemState, move
 from workledger.core.status import CLOSE_STAGE
 from workledger.errors import Refused, UsageError
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.runtime.status import status_of
 from workledger.storage.port import (
     EventRow,

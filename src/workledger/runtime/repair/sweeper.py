@@ -37,6 +37,7 @@ from workledger.core.states import (
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.core.text import Unstorable, json_text, reason_text
 from workledger.errors import DatabaseUnavailable, DecompositionFailed, WorkledgerError
+from workledger.jobs import Job, Stage
 from workledger.runtime.decompose import decompose
 from workledger.runtime.deferred import take_deferred
 from workledger.runtime.handlers.execute import (
@@ -45,7 +46,6 @@ from workledger.runtime.handlers.execute import (
     to_finish,
     view_of,
 )
-from workledger.runtime.jobs import Job, Stage
 from workledger.runtime.renewal import Renewal
 from workledger.storage.port import (
     ClaimedItem,

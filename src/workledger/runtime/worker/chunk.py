@@ -35,11 +35,11 @@ from operator import attrgetter
 
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED, LOST_TWICE
+from workledger.jobs import Job
 from workledger.runtime.handlers.async_executor import AsyncExecutor
 from workledger.runtime.handlers.execute import run_batch, run_handler, run_unit_async, to_finish
 from workledger.runtime.handlers.executors import Executor
 from workledger.runtime.handlers.processes import HolderLost, ProcessExecutor, Slice
-from workledger.runtime.jobs import Job
 from workledger.runtime.renewal import Renewal
 from workledger.runtime.worker.holder import Holder, WorkReport
 from workledger.storage.port import (

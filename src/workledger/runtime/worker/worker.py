@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 
 from workledger.core.limits import CHUNK_MAX
+from workledger.jobs import Job
 from workledger.runtime.deferred import take_deferred
 from workledger.runtime.handlers.async_executor import AsyncExecutor
 from workledger.runtime.handlers.executors import Executor, ThreadExecutor
 from workledger.runtime.handlers.processes import ProcessExecutor
-from workledger.runtime.jobs import Job
 from workledger.runtime.patience import MAX_DELAY
 from workledger.runtime.repair.sweeper import Sweeper, SweepLoop, SweepReport
 from workledger.runtime.worker.chunk import Chunk, LateResults
