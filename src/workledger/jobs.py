@@ -1,6 +1,6 @@
 """Job and stage definitions: how a payload becomes items, and one handler per stage; and what a
 handler is given (:class:`ItemView`, :class:`Context`, :class:`BatchContext`). A public module:
-what a handler's author reads, with none of the worker's internals (``workledger.runtime``)."""
+what a handler's author reads, with none of the worker's internals (``workledger._runtime``)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from workledger.api import RunStatus
 
 if TYPE_CHECKING:
+    from workledger._runtime.repair.operations import History
     from workledger.api import Finding
-    from workledger.runtime.repair.operations import History
     from workledger.storage.port import ItemRow, Reconciled
 
 # A status and an item are their dataclasses' fields, in order (results.py RunStatus,

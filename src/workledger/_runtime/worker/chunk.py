@@ -1,6 +1,6 @@
 """One claimed chunk, from its claim to its last outcome: what the worker does with it.
 
-Handlers run in an :class:`~workledger.runtime.handlers.executors.Executor`; this module waits
+Handlers run in an :class:`~workledger._runtime.handlers.executors.Executor`; this module waits
 for them, renews the leases of those still running, holds each handler to its stage's time
 limit, and writes the outcomes fenced by the claim's token:
 
@@ -33,15 +33,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from workledger._runtime.handlers.async_executor import AsyncExecutor
+from workledger._runtime.handlers.execute import run_batch, run_handler, run_unit_async, to_finish
+from workledger._runtime.handlers.executors import Executor
+from workledger._runtime.handlers.processes import HolderLost, ProcessExecutor, Slice
+from workledger._runtime.renewal import Renewal
+from workledger._runtime.worker.holder import Holder, WorkReport
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED, LOST_TWICE
 from workledger.jobs import Job
-from workledger.runtime.handlers.async_executor import AsyncExecutor
-from workledger.runtime.handlers.execute import run_batch, run_handler, run_unit_async, to_finish
-from workledger.runtime.handlers.executors import Executor
-from workledger.runtime.handlers.processes import HolderLost, ProcessExecutor, Slice
-from workledger.runtime.renewal import Renewal
-from workledger.runtime.worker.holder import Holder, WorkReport
 from workledger.storage.port import (
     ClaimedItem,
     Finish,

@@ -3,7 +3,7 @@
 A broker carries messages that name items (an app, a job, a run, a stage and some seqs) and
 nothing else. What becomes of an item is decided by the ledger alone: the task that receives a
 message claims exactly those items that are still pending and claimable, under a lease with a
-fresh token (``runtime/broker/delivery.py``), so a copy of a message finds nothing to do and a
+fresh token (``_runtime/broker/delivery.py``), so a copy of a message finds nothing to do and a
 message delivered late or out of order runs nothing twice. What the broker loses, the ledger
 still owes:
 
