@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
-INSERT_BATCH = 5000  # workledger.runtime.decompose.BATCH: the raw twin uses the same batches
+INSERT_BATCH = 5000  # workledger._runtime.decompose.BATCH: the raw twin uses the same batches
 
 
 # =============================================================================================

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from workledger.runtime.async_executor import AsyncExecutor
+from workledger._runtime.handlers.async_executor import AsyncExecutor
 
 pytestmark = pytest.mark.unit
 

@@ -17,8 +17,8 @@ import pytest
 from writes_support import write_of
 
 from workledger import Ledger, Permanent
+from workledger._runtime.repair.reconcile import derive_projection
 from workledger.core.status import CLOSE_STAGE
-from workledger.runtime.reconcile import derive_projection
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,

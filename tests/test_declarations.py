@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from workledger import Context, Item, ItemView, Ledger, Permanent
+from workledger._runtime.handlers.execute import TRACE_LIMIT
 from workledger.errors import UsageError
-from workledger.runtime.execute import TRACE_LIMIT
 
 pytestmark = pytest.mark.integration
 

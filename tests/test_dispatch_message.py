@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from workledger import Ledger
+from workledger._runtime.broker.dispatch import BrokerDispatch, DispatchOptions, Message, chunks
 from workledger.errors import BadInput, UsageError
-from workledger.runtime.dispatch import BrokerDispatch, DispatchOptions, Message, chunks
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ import pytest
 from pg_cluster import Cluster
 from writes_support import write_of
 
-from workledger.runtime.patience import Patience, patient
+from workledger._runtime.patience import Patience, patient
 from workledger.storage import doubt, open_store
 from workledger.storage.port import (
     ClaimParams,

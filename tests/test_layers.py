@@ -5,7 +5,8 @@ those under ``if TYPE_CHECKING:``. The rules: no module imports itself back thro
 (no cycle); the pure core imports nothing outside the standard library and itself; only
 ``storage`` imports a database driver; the CLI reaches the runtime and the storage only
 through the facade (``workledger.api``), and so does the HTTP layer; the demos use the
-public API only.
+public API only; the runtime's rooms import downward only (its root, then ``handlers``,
+``repair``, ``worker``, ``broker``), and only the facade and the integrations import it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PUBLIC = {"workledger", "workledger.api", "workledger.errors", "workledger.progress"}
+PUBLIC = {"workledger", "workledger.api", "workledger.errors", "workledger.jobs",
+          "workledger.progress", "workledger.results"}
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
 
 
@@ -121,7 +123,7 @@ def test_the_cli_reaches_the_runtime_and_the_storage_only_through_the_facade() -
     for name in modules():
         if name.startswith("workledger.cli"):
             reached = {i for i in internal_imports(name)
-                       if i.startswith(("workledger.runtime", "workledger.storage",
+                       if i.startswith(("workledger._runtime", "workledger.storage",
                                         "workledger.core"))}
             assert reached == set(), name
 
@@ -133,7 +135,7 @@ def test_the_http_layer_reaches_the_runtime_and_the_storage_only_through_the_fac
     assert "workledger.http.api_routes" in found
     for name in found:
         reached = {i for i in internal_imports(name)
-                   if i.startswith(("workledger.runtime", "workledger.storage",
+                   if i.startswith(("workledger._runtime", "workledger.storage",
                                     "workledger.core"))}
         assert reached == set(), name
 
@@ -144,6 +146,42 @@ def test_the_demos_use_the_public_api_only() -> None:
             private = {i for i in internal_imports(name)
                        if not i.startswith("workledger.demos") and i not in PUBLIC}
             assert private == set(), name
+
+
+RUNTIME = "workledger._runtime"
+# The runtime's rooms, from the ground up (docs/contributing.md "The runtime's rooms"): a module
+# imports from its own room or one beneath it, never above; the modules at its root
+# (decomposition, status, overview, patience, renewal, inputs) are the ground floor.
+ROOMS = ("", "handlers", "repair", "worker", "broker")
+
+
+def room_of(name: str) -> str:
+    parts = name.removeprefix(RUNTIME).lstrip(".").split(".")
+    if len(parts) == 1 and modules()[name].name != "__init__.py":
+        return ""  # a module at the root of the runtime
+    assert parts[0] in ROOMS, f"{name}: a new room of the runtime belongs in ROOMS, in its place"
+    return parts[0]
+
+
+def test_the_runtime_rooms_import_downward_only() -> None:
+    found = [name for name in modules() if name == RUNTIME or name.startswith(RUNTIME + ".")]
+    assert {f"{RUNTIME}.{room}" for room in ROOMS if room} <= set(found)
+    floor = {room: i for i, room in enumerate(ROOMS)}
+    for name in found:
+        for dep in internal_imports(name):
+            if dep.startswith(RUNTIME + "."):
+                assert floor[room_of(dep)] <= floor[room_of(name)], (name, dep)
+
+
+def test_only_the_facade_and_the_integrations_import_the_runtime() -> None:
+    """The runtime is private (its leading underscore): the public modules a handler's author
+    reads (``workledger.jobs``, ``workledger.results``) and the layers beneath (core, storage,
+    errors) never import it; ``workledger.api`` and ``workledger.contrib`` do."""
+    for name in modules():
+        if name.startswith((RUNTIME, "workledger.contrib.")) or name == "workledger.api":
+            continue
+        reached = {i for i in internal_imports(name) if i.startswith(RUNTIME)}
+        assert reached == set(), name
 
 
 INTEGRATED = {"django", "celery", "rq", "kombu", "amqp", "billiard", "redis"}  # extras
@@ -167,7 +205,7 @@ def test_the_integrations_use_the_public_api_and_the_runtime() -> None:
     assert {"workledger.contrib.celery", "workledger.contrib.rq"} <= set(found)
     for name in found:
         beneath = {i for i in internal_imports(name)
-                   if not i.startswith(("workledger.contrib", "workledger.runtime",
+                   if not i.startswith(("workledger.contrib", "workledger._runtime",
                                         "workledger.cli"))
                    and i not in PUBLIC}
         assert beneath == set(), name
@@ -176,7 +214,9 @@ def test_the_integrations_use_the_public_api_and_the_runtime() -> None:
 def test_the_reading_of_imports_sees_what_these_rules_need() -> None:
     """The rules above are only as good as this reading: check it on known facts."""
     assert "workledger.api" in internal_imports("workledger.cli.work")
-    assert "workledger.runtime.jobs" in internal_imports("workledger.api")
+    assert "workledger.jobs" in internal_imports("workledger.api")
+    assert "workledger._runtime.handlers.execute" in internal_imports(
+        "workledger._runtime.worker.chunk")
     assert "sqlite3" in imports_of("workledger.storage.sqlite")
     # a function-level import counts (the CLI loads a demo only when asked)
     assert "workledger.demos.payroll" in internal_imports("workledger.cli.demo")
@@ -187,7 +227,7 @@ def test_a_sqlite_worker_never_loads_the_postgresql_driver(tmp_path: Path) -> No
     a store that needs it (``errors.CommitInDoubt`` lives outside ``storage/doubt.py``)."""
     import subprocess
 
-    code = ("import sys, workledger, workledger.cli, workledger.runtime.worker\n"
+    code = ("import sys, workledger, workledger.cli, workledger._runtime.worker.worker\n"
             "from workledger import Ledger\n"
             f"ledger = Ledger('sqlite:///{tmp_path / 'l.db'}')\n"
             "job = ledger.job('j')\n"

@@ -1,5 +1,5 @@
 """Lost acknowledgements on PostgreSQL: the COMMIT reached the server and committed, its answer
-never reached the store, and the store's retry layer (``runtime/patience.py``) tries the call
+never reached the store, and the store's retry layer (``_runtime/patience.py``) tries the call
 again. Each retried statement must recognise its own earlier success (``storage/doubt.py``)
 instead of doing its work a second time or reporting it as someone else's.
 
@@ -26,10 +26,10 @@ from net_faults import CommitCutter
 from writes_support import write_of
 
 from workledger import Item, Ledger, Skip
+from workledger._runtime.patience import Patience, patient
+from workledger._runtime.repair.reconcile import derive_projection
 from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.errors import CommitInDoubt, DatabaseUnavailable
-from workledger.runtime.patience import Patience, patient
-from workledger.runtime.reconcile import derive_projection
 from workledger.storage import open_store
 from workledger.storage.port import (
     ClaimedItem,

@@ -364,7 +364,7 @@ def test_a_run_awaiting_its_verify_hook_says_the_sweeper_moves_it(db_url: str) -
     while led.store.outlook([sub.run_id]).expired < 2:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    from workledger.runtime.sweeper import AWAITING_VERIFY
+    from workledger._runtime.repair.sweeper import AWAITING_VERIFY
     from workledger.storage.port import ReclaimParams
 
     led.store.leases_reclaim_expired(ReclaimParams("j", "s", "unknown", AWAITING_VERIFY))

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from web_support import WEB_APP, build, cli_env, make_unknown, wl
 
 from workledger import Ledger
+from workledger._runtime.repair import retention
 from workledger.http import create_app
-from workledger.runtime import retention
 
 pytestmark = pytest.mark.integration
 MONTH = 30 * 86400.0

@@ -53,8 +53,8 @@ def test_a_held_retry_is_enqueued_once_when_due_however_many_workers_move(
         rq_setup: Setup) -> None:
     from redis import Redis
 
+    from workledger._runtime.broker.dispatch import Message
     from workledger.contrib.rq import DUE_KEY, RQDispatch, move_due
-    from workledger.runtime.dispatch import Message
 
     setup = rq_setup
     redis = Redis.from_url(setup.env["WL_BROKER_URL"])

@@ -1,4 +1,4 @@
-"""One definition per shape: a run's status is ``RunStatus`` (runtime/results.py) and an item
+"""One definition per shape: a run's status is ``RunStatus`` (results.py) and an item
 ``ItemRow`` (storage/port.py); ``--json`` (shapes.py) and the API's schema (http/models.py) are
 derived from them, so a new field is one edit and the three cannot drift."""
 

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from workledger.runtime.delivery import FollowUps
-from workledger.runtime.dispatch import DispatchingStore
-from workledger.runtime.patience import Patience, PatientStore, patient
+from workledger._runtime.broker.delivery import FollowUps
+from workledger._runtime.broker.dispatch import DispatchingStore
+from workledger._runtime.patience import Patience, PatientStore, patient
 from workledger.storage.delegate import DelegatingStore
 from workledger.storage.port import NewRun, Store
 

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from workledger import Item, Ledger
+from workledger._runtime.worker.worker import Worker
 from workledger.errors import BadInput, PayloadMismatch, UsageError
-from workledger.runtime.worker import Worker
 
 pytestmark = pytest.mark.integration
 

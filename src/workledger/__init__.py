@@ -9,7 +9,7 @@ from workledger.api import Ledger, RunStatus, Submission
 from workledger.async_api import AsyncLedger
 from workledger.core.outcomes import Item, Permanent, Retry, Skip
 from workledger.errors import PayloadMismatch, UnknownRun, WorkledgerError
-from workledger.runtime.execute import BatchContext, Context, ItemView
+from workledger.jobs import BatchContext, Context, ItemView
 
 __all__ = [
     "AsyncLedger",

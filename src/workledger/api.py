@@ -15,6 +15,30 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
+from workledger._runtime import inputs, overview
+from workledger._runtime.broker.delivery import Delivery
+from workledger._runtime.broker.dispatch import Broker, Outbox, dispatching
+from workledger._runtime.decompose import decompose
+from workledger._runtime.handlers.processes import find_app, import_app
+from workledger._runtime.overview import MetricsSnapshot
+from workledger._runtime.patience import Patience, patient
+from workledger._runtime.repair import operations, retention
+from workledger._runtime.repair.audit import (
+    AuditFilter,
+    AuditPage,
+    Finding,
+    FindingGroup,
+    audit,
+    audit_page,
+    group_findings,
+)
+from workledger._runtime.repair.operations import RESOLVE_TARGETS, History
+from workledger._runtime.repair.reconcile import differences, reconcile
+from workledger._runtime.repair.retention import PruneReport
+from workledger._runtime.repair.sweeper import Sweeper, SweepReport
+from workledger._runtime.status import status_of
+from workledger._runtime.worker.holder import WorkerOptions, WorkReport
+from workledger._runtime.worker.worker import Worker
 from workledger.core import durations, limits
 from workledger.core.durations import seconds_of
 from workledger.core.states import ATTENTION, ITEM_STATES, TERMINAL, ItemState
@@ -28,31 +52,8 @@ from workledger.errors import (
     UnknownRun,
     UsageError,
 )
-from workledger.runtime import inputs, operations, overview, retention
-from workledger.runtime.audit import (
-    AuditFilter,
-    AuditPage,
-    Finding,
-    FindingGroup,
-    audit,
-    audit_page,
-    group_findings,
-)
-from workledger.runtime.decompose import decompose
-from workledger.runtime.delivery import Delivery
-from workledger.runtime.dispatch import Broker, Outbox, dispatching
-from workledger.runtime.holder import WorkerOptions, WorkReport
-from workledger.runtime.jobs import Job, canonical_json, default_key
-from workledger.runtime.operations import RESOLVE_TARGETS, History
-from workledger.runtime.overview import MetricsSnapshot
-from workledger.runtime.patience import Patience, patient
-from workledger.runtime.processes import find_app, import_app
-from workledger.runtime.reconcile import differences, reconcile
-from workledger.runtime.results import RunStatus, Submission
-from workledger.runtime.retention import PruneReport
-from workledger.runtime.status import status_of
-from workledger.runtime.sweeper import Sweeper, SweepReport
-from workledger.runtime.worker import Worker
+from workledger.jobs import Job, canonical_json, default_key
+from workledger.results import RunStatus, Submission
 from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
@@ -624,7 +625,7 @@ class Ledger:
         return found
 
     def metrics(self) -> MetricsSnapshot:
-        """What ``/metrics`` reports: cheap at any number of items (runtime/overview.py)."""
+        """What ``/metrics`` reports: cheap at any number of items (_runtime/overview.py)."""
         return overview.metrics_snapshot(self.store, self.jobs)
 
     def ping(self) -> None:

@@ -27,7 +27,7 @@ from workledger.api import (
     Submission,
     SweepReport,
 )
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.storage.port import EventRow, Reconciled
 
 P = ParamSpec("P")

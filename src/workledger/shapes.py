@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from workledger.api import RunStatus
 
 if TYPE_CHECKING:
+    from workledger._runtime.repair.operations import History
     from workledger.api import Finding
-    from workledger.runtime.operations import History
     from workledger.storage.port import ItemRow, Reconciled
 
-# A status and an item are their dataclasses' fields, in order (runtime/results.py RunStatus,
+# A status and an item are their dataclasses' fields, in order (results.py RunStatus,
 # storage/port.py ItemRow): a new field there is in --json, the API and /openapi.json at once.
 STATUS_FIELDS = tuple(f.name for f in fields(RunStatus))
 

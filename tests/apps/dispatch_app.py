@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workledger import Item, Ledger, Retry
-from workledger.runtime.dispatch import Message
+from workledger._runtime.broker.dispatch import Message
 
 JOB = "batch"
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from writes_support import write_of
 
-from workledger.runtime import retention
+from workledger._runtime.repair import retention
 from workledger.storage.port import ClaimParams, Finish, FinishParams, ItemsQuery, NewEvent
 
 from . import procs

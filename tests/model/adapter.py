@@ -18,12 +18,12 @@ from contextlib import closing
 from typing import Any, NamedTuple
 
 from workledger import Permanent, Retry, Skip
+from workledger._runtime.handlers.execute import to_finish
+from workledger._runtime.repair import operations
+from workledger._runtime.repair.reconcile import derive_projection
+from workledger._runtime.repair.sweeper import Sweeper, SweepReport
 from workledger.core.outcomes import Failed, Outcome, Processed, RetryLater, Skipped, Unknown
-from workledger.runtime import operations
-from workledger.runtime.execute import to_finish
-from workledger.runtime.jobs import Job as RealJob
-from workledger.runtime.reconcile import derive_projection
-from workledger.runtime.sweeper import Sweeper, SweepReport
+from workledger.jobs import Job as RealJob
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,

@@ -6,8 +6,8 @@ Actors: a submitter per run (decompose: insert the rows, then mark the run), two
 release, crash), one sweeper (expired leases by declaration, verify hooks, re-decomposition,
 the closing entry), one operator (retry, resolve, pause, resume, cancel), and a clock that
 lets a lease run out. Faults and the operator are bounded by budgets; otherwise the world is
-closed. A worker follows ``runtime/worker.py``: suspects (left ``lease_expired``) first, each
-charged before it runs and run alone; then the idempotent stages' items, outcomes written
+closed. A worker follows ``_runtime/worker/worker.py``: suspects (left ``lease_expired``) first,
+each charged before it runs and run alone; then the idempotent stages' items, outcomes written
 together; then the other stages' items, each start recorded with the outcomes so far.
 """
 
@@ -141,7 +141,7 @@ def _tasks(setup: Setup, led: m.Ledger, run: int, taken: list[int]) -> tuple[Tas
 
 def _delivered(setup: Setup, w: World, n: int, run: int) -> Iterator[Step]:
     """A broker task instead of a worker: a message names the run's last pending item, which
-    it claims by identity, then runs as a worker runs a chunk (runtime/delivery.py)."""
+    it claims by identity, then runs as a worker runs a chunk (_runtime/broker/delivery.py)."""
     pending = [it for it in w.ledger.items if it.run == run and it.state == "pending"
                and it.stage != CLOSE]
     if not (setup.broker and pending):

@@ -2,7 +2,7 @@
 running the ledger's sweeper beside the broker's own loop.
 
 A user starts only the broker's worker command; its processes run the ledger's periodic
-sweeper (``runtime/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
+sweeper (``_runtime/repair/sweeper.py``: expired leases, verify and closing hooks, re-decompositions
 and the re-dispatch of what a broker lost), in a thread, only while this process leads the
 sweeping of the ledger's jobs (``Store.lead``), exactly as ``workledger worker`` does. Many
 broker worker processes of one ledger therefore run one sweeper, and a second one takes over
@@ -16,11 +16,11 @@ import random
 import sys
 from dataclasses import asdict
 
+from workledger._runtime.patience import Patience, patient
+from workledger._runtime.repair.sweeper import SweepLoop, SweepReport
+from workledger._runtime.worker.worker import new_worker_id
 from workledger.api import Ledger, import_app
 from workledger.errors import UsageError
-from workledger.runtime.patience import Patience, patient
-from workledger.runtime.sweeper import SweepLoop, SweepReport
-from workledger.runtime.worker import new_worker_id
 
 log = logging.getLogger("workledger.dispatch")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from celery import Celery, signals
 
+from workledger._runtime.broker.dispatch import BrokerDispatch, Message
+from workledger._runtime.repair.sweeper import SweepLoop
 from workledger.contrib._broker import ledger_named, start_sweeping
-from workledger.runtime.dispatch import BrokerDispatch, Message
-from workledger.runtime.sweeper import SweepLoop
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -49,7 +49,7 @@ class CeleryDispatch(BrokerDispatch):
     """Publish a ledger's messages as tasks of ``celery_app`` on ``queue``.
 
     ``chunk``, ``lease``, ``redispatch_after``, ``concurrency``, ``timeout`` and ``app``: see
-    :class:`~workledger.runtime.dispatch.DispatchOptions`. Tasks are acknowledged when they
+    :class:`~workledger._runtime.broker.dispatch.DispatchOptions`. Tasks are acknowledged when they
     start (Celery's default): a worker that dies holding one loses the message, and the ledger's
     lease and sweeper bring its items back."""
 

@@ -30,9 +30,9 @@ from typing import Any
 import rq
 from redis import ConnectionPool, Redis
 
+from workledger._runtime.broker.dispatch import BrokerDispatch, Message
+from workledger._runtime.repair.sweeper import SweepLoop
 from workledger.contrib._broker import ledger_named, start_sweeping
-from workledger.runtime.dispatch import BrokerDispatch, Message
-from workledger.runtime.sweeper import SweepLoop
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -60,7 +60,7 @@ class RQDispatch(BrokerDispatch):
     ``job_timeout``: RQ's limit on one message (its work horse is killed past it; the ledger's
     leases and sweeper bring the items back), default RQ's. ``chunk``, ``lease``,
     ``redispatch_after``, ``concurrency``, ``timeout`` and ``app``: see
-    :class:`~workledger.runtime.dispatch.DispatchOptions`."""
+    :class:`~workledger._runtime.broker.dispatch.DispatchOptions`."""
 
     def __init__(self, connection: Redis, queue: str = "workledger", *,
                  job_timeout: int | None = None, **options: Any) -> None:

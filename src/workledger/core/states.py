@@ -94,7 +94,7 @@ MOVES: tuple[Move, ...] = tuple(
     + _rows("insert_close", None, _P, "items_insert", _SWP)
     + _rows("claim", _P, _C, "items_claim", _WRK, _SWP)
     # a broker task claims by identity; what it writes after that is the worker's code
-    # (runtime/chunk.py), so its other moves are the worker's rows
+    # (_runtime/worker/chunk.py), so its other moves are the worker's rows
     + _rows("claim", _P, _C, "items_claim_by_identity", _BRK)
     + _rows("complete", _C, _D, _FINISH, _WRK, _SWP)
     + _rows("fail", _C, _F, _FINISH, _WRK, _SWP)

@@ -1,7 +1,7 @@
 """``/metrics``: a Prometheus collector that reads the ledger at scrape time.
 
 Labels are jobs, stages and states only, never a run or an item, so the number of series stays
-small however many runs there are. What it reads is bounded (``runtime/overview.py``).
+small however many runs there are. What it reads is bounded (``_runtime/overview.py``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """One explicit delegating store: every method of the port (storage/port.py), written out, each
 handing its call to the store it wraps through :meth:`DelegatingStore._call`.
 
-The runtime's store wrappers (runtime/patience.py ``PatientStore``, runtime/dispatch.py
-``DispatchingStore``, runtime/delivery.py ``FollowUps``) derive from it and override only what
-they change: ``_call`` for one that changes every call (waiting out an outage), a method for
+The runtime's store wrappers (_runtime/patience.py ``PatientStore``, _runtime/broker/dispatch.py
+``DispatchingStore``, _runtime/broker/delivery.py ``FollowUps``) derive from it and override only
+what they change: ``_call`` for one that changes every call (waiting out an outage), a method for
 one that changes that method. So go-to-definition reaches a body, mypy checks each wrapper
 against the port (this class subclasses the ``Store`` protocol: to mypy a port method missing
 here makes every wrapper abstract, and making one an error; at run time it would silently

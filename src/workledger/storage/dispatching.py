@@ -3,7 +3,8 @@
 A broker task claims exactly the items its message names (``items_claim_by_identity``); the
 ledger knows which pending items are owed a message and since when (``wl_items.redispatch_at``,
 migration 0007), so that a message the broker lost, or one never published because its
-publisher died after its commit, is published again by the sweeper (``runtime/dispatch.py``).
+publisher died after its commit, is published again by the sweeper
+(``_runtime/broker/dispatch.py``).
 ``LedgerStore`` inherits these; they are here to keep ``base.py`` about moving items.
 """
 

@@ -351,7 +351,7 @@ class FinishedRuns:
 
 @dataclass(frozen=True)
 class IdentityClaim:
-    """A broker task's claim: exactly the items one message names (runtime/dispatch.py)."""
+    """A broker task's claim: exactly the items one message names (_runtime/broker/dispatch.py)."""
 
     job: str  # the run's job: a message naming another job's run claims nothing
     run_id: int
@@ -506,7 +506,7 @@ class Store(Protocol):
     def events_list(self, run_id: int, item_id: int | None = None,
                     kind: str | None = None) -> list[EventRow]: ...
 
-    # -- dispatch through a broker (runtime/dispatch.py, migration 0007) ----------------------
+    # -- dispatch through a broker (_runtime/broker/dispatch.py, migration 0007) -------------------
 
     def items_claim_by_identity(self, params: IdentityClaim) -> list[ClaimedItem]: ...
     # before the mark of a run dispatched through a broker: its stage's pending rows owe a

@@ -4,7 +4,7 @@ Concurrent claimers take disjoint chunks with ``FOR UPDATE SKIP LOCKED``; every 
 database's ``now()``. A store holds a small pool of connections (``psycopg_pool``, checked
 before use); every port method is one transaction on one of them. A connection that was lost is
 replaced; a database that is away is reported as ``DatabaseUnavailable``, which long-lived
-processes wait out (``runtime/patience.py``). Every session has bounded waits
+processes wait out (``_runtime/patience.py``). Every session has bounded waits
 (``SESSION_DEFAULTS``) unless the URL sets its own.
 """
 
@@ -87,7 +87,7 @@ Conn = psycopg.Connection[DictRow]
 class _OnePerOutage(logging.Filter):
     """psycopg_pool warns at every failed reconnection attempt; an outage is reported once
     when it starts and once when it ends, by the process that waits it out
-    (``runtime/patience.py``), so those per-attempt lines are dropped."""
+    (``_runtime/patience.py``), so those per-attempt lines are dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("error connecting in 'workledger'")
@@ -117,7 +117,7 @@ class PostgresStore(LedgerStore[Conn]):
     finish_shapes = 1  # one shape per UPDATE over a sorted id array: rows lock in id order
     json_as_text = False
     # seconds to keep asking whether a COMMIT whose answer was lost happened (a retry layer
-    # sets its own outage bound here: runtime/patience.py)
+    # sets its own outage bound here: _runtime/patience.py)
     doubt_for = doubt.DOUBT_FOR
 
     def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:

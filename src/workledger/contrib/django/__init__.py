@@ -29,7 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from workledger.api import Ledger, Submission, import_app
 from workledger.contrib.django.database import url_for
 from workledger.errors import UsageError
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 
 __all__ = ["command_line", "get_ledger", "ledger_url", "submit"]
 

@@ -3,7 +3,7 @@
 An ``async def`` handler (``Stage.executor == "async"``) runs here, whatever ``--processes``
 says: the loop lives in the worker process, beside its threads, so the parent stays the only
 writer of outcomes. :class:`AsyncExecutor` is the same small interface the worker calls for
-threads and processes (``runtime/executors.py``): the chunk submits a task and waits on a
+threads and processes (``_runtime/handlers/executors.py``): the chunk submits a task and waits on a
 :class:`~concurrent.futures.Future`, renews the leases of what is running, holds each task to
 its time limit and writes the outcomes; only where the handler runs differs.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from workledger.runtime.executors import TaskBook
+from workledger._runtime.handlers.executors import TaskBook
 
 SHUTDOWN_GRACE = 2.0  # seconds cancelled tasks get to end when the worker shuts down
 

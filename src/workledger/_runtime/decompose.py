@@ -10,7 +10,7 @@ from workledger.core.states import ItemState
 from workledger.core.status import PERMANENT_DECOMPOSITION
 from workledger.core.text import Undecodable, Unstorable, json_text, reason_text, safe_text
 from workledger.errors import DecompositionFailed
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.storage.port import ItemsInsert, NewItem, RunRow, Store
 
 _BEYOND = 2**62

@@ -1,4 +1,6 @@
-"""Job and stage definitions: how a payload becomes items, and one handler per stage."""
+"""Job and stage definitions: how a payload becomes items, and one handler per stage; and what a
+handler is given (:class:`ItemView`, :class:`Context`, :class:`BatchContext`). A public module:
+what a handler's author reads, with none of the worker's internals (``workledger._runtime``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import hashlib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from workledger.core import limits, writes
 from workledger.core.limits import NAME_BYTES, text_problem
@@ -20,7 +22,7 @@ from workledger.core.status import CLOSE_STAGE
 from workledger.core.text import Unstorable, json_text
 from workledger.core.writes import Write
 from workledger.errors import BadInput, UsageError
-from workledger.runtime.results import Submission
+from workledger.results import Submission
 from workledger.storage.port import StageLimit
 
 
@@ -33,6 +35,44 @@ class Submitter(Protocol):
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
 Verify = Callable[[Any, Any], Any]
+
+
+class ItemView(NamedTuple):
+    """What a handler sees: identity and small data (fetch current data when you run).
+    An immutable named tuple: one is made per execution."""
+
+    id: int
+    run_id: int
+    stage: str
+    seq: int
+    key: str | None
+    data: Any
+
+
+class Context(NamedTuple):
+    """Per-execution facts. ``idempotency_key`` is stable across attempts: run/stage/seq.
+    An immutable named tuple: one is made per execution."""
+
+    run_id: int
+    job: str
+    stage: str
+    attempt: int
+    idempotency_key: str
+    worker_id: str
+    lease_token: int
+
+
+class BatchContext(NamedTuple):
+    """What a batch handler sees besides its items: one per call. ``attempts`` and
+    ``idempotency_keys`` hold one entry per item, in the order of the items."""
+
+    run_id: int
+    job: str
+    stage: str
+    attempts: tuple[int, ...]
+    idempotency_keys: tuple[str, ...]
+    worker_id: str
+    lease_token: int
 
 
 @dataclass(frozen=True)

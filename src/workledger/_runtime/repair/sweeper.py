@@ -10,7 +10,7 @@ safe when two sweepers race, because every write is guarded by the state it move
 - runs the closing hook of complete runs, once, as a ledger entry of its own;
 
 and, for a ledger that dispatches through a broker, publishes again the messages its pending
-items are owed by now (``runtime/dispatch.py``).
+items are owed by now (``_runtime/broker/dispatch.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from workledger import failpoints
+from workledger._runtime.decompose import decompose
+from workledger._runtime.deferred import take_deferred
+from workledger._runtime.handlers.execute import (
+    context_for,
+    run_handler,
+    to_finish,
+    view_of,
+)
+from workledger._runtime.renewal import Renewal
 from workledger.core import writes
 from workledger.core.outcomes import Failed, Outcome, Processed
 from workledger.core.states import (
@@ -37,16 +46,7 @@ from workledger.core.states import (
 from workledger.core.status import CLOSE_STAGE, PERMANENT_DECOMPOSITION
 from workledger.core.text import Unstorable, json_text, reason_text
 from workledger.errors import DatabaseUnavailable, DecompositionFailed, WorkledgerError
-from workledger.runtime.decompose import decompose
-from workledger.runtime.deferred import take_deferred
-from workledger.runtime.execute import (
-    context_for,
-    run_handler,
-    to_finish,
-    view_of,
-)
-from workledger.runtime.jobs import Job, Stage
-from workledger.runtime.renewal import Renewal
+from workledger.jobs import Job, Stage
 from workledger.storage.port import (
     ClaimedItem,
     ClaimParams,
@@ -111,7 +111,7 @@ class SweepReport:
     verified: int = 0
     closed: int = 0
     closing_failed: int = 0
-    deferred: int = 0  # deferred runs taken and decomposed (runtime/deferred.py)
+    deferred: int = 0  # deferred runs taken and decomposed (_runtime/deferred.py)
     redispatched: int = 0  # items whose messages were overdue, published again (a broker)
 
 
@@ -132,7 +132,7 @@ class Sweeper:
     ) -> None:
         self.store = store
         self.timeout = timeout  # a hook's time limit where its stage sets none
-        # with a broker: publish again what is owed a message by now (runtime/dispatch.py)
+        # with a broker: publish again what is owed a message by now (_runtime/broker/dispatch.py)
         self.redispatch = redispatch
         # after a decomposer failed n times, wait backoff * 2^(n-1) s (at most 1 h) to retry it
         self.backoff = backoff

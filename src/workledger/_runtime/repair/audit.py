@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workledger._runtime.repair.operations import ACKNOWLEDGED
+from workledger._runtime.repair.reconcile import differences, reconcile
+from workledger._runtime.status import decompose_failures, status_of
 from workledger.core.states import AWAITING_VERIFY, ItemState
 from workledger.core.status import (
     CLOSE_STAGE,
@@ -22,10 +25,7 @@ from workledger.core.status import (
     decomposer_needs_person,
 )
 from workledger.errors import BadInput
-from workledger.runtime.jobs import Job
-from workledger.runtime.operations import ACKNOWLEDGED
-from workledger.runtime.reconcile import differences, reconcile
-from workledger.runtime.status import decompose_failures, status_of
+from workledger.jobs import Job
 from workledger.storage.port import AuditItems, EventRow, ItemRow, RunRow, Store
 
 PAGE = 1000

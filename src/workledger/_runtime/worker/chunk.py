@@ -1,8 +1,8 @@
 """One claimed chunk, from its claim to its last outcome: what the worker does with it.
 
-Handlers run in an :class:`~workledger.runtime.executors.Executor`; this module waits for them,
-renews the leases of those still running, holds each handler to its stage's time limit, and
-writes the outcomes fenced by the claim's token:
+Handlers run in an :class:`~workledger._runtime.handlers.executors.Executor`; this module waits
+for them, renews the leases of those still running, holds each handler to its stage's time
+limit, and writes the outcomes fenced by the claim's token:
 
 - items of idempotent stages without a time limit run in small slices, their outcomes written
   once per chunk (at least once a second): a lost outcome costs only a re-run;
@@ -33,15 +33,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from workledger._runtime.handlers.async_executor import AsyncExecutor
+from workledger._runtime.handlers.execute import run_batch, run_handler, run_unit_async, to_finish
+from workledger._runtime.handlers.executors import Executor
+from workledger._runtime.handlers.processes import HolderLost, ProcessExecutor, Slice
+from workledger._runtime.renewal import Renewal
+from workledger._runtime.worker.holder import Holder, WorkReport
 from workledger.core.outcomes import Failed, Outcome, RetryLater, Unknown
 from workledger.core.states import AWAITING_VERIFY, LEASE_EXPIRED, LOST_TWICE
-from workledger.runtime.async_executor import AsyncExecutor
-from workledger.runtime.execute import run_batch, run_handler, run_unit_async, to_finish
-from workledger.runtime.executors import Executor
-from workledger.runtime.holder import Holder, WorkReport
-from workledger.runtime.jobs import Job
-from workledger.runtime.processes import HolderLost, ProcessExecutor, Slice
-from workledger.runtime.renewal import Renewal
+from workledger.jobs import Job
 from workledger.storage.port import (
     ClaimedItem,
     Finish,

@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from workledger._runtime.status import status_of
 from workledger.core.status import finished_state as finished_state_of
-from workledger.runtime.jobs import Job
-from workledger.runtime.status import status_of
+from workledger.jobs import Job
 from workledger.storage.port import Attention, FinishedRuns, Store
 
 # How many ids from a run's first pending item (the next claimed) are looked at for ages.

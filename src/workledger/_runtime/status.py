@@ -4,8 +4,8 @@ CLI, the facade and the sweeper's closing hook), from the projection and the run
 from __future__ import annotations
 
 from workledger.core.status import DECOMPOSITION_FAILED, RunFacts, derive
-from workledger.runtime.jobs import Job
-from workledger.runtime.results import RunStatus
+from workledger.jobs import Job
+from workledger.results import RunStatus
 from workledger.storage.port import RunRow, Store
 
 

@@ -1,8 +1,8 @@
 """The worker: claim a chunk under a lease, run its handlers, renew the leases of what is still
-running, and write the outcomes fenced by the claim's token (``runtime/chunk.py``).
+running, and write the outcomes fenced by the claim's token (``_runtime/worker/chunk.py``).
 
 A worker is a long-lived process: it waits out a database outage rather than exit (its store is
-a :class:`~workledger.runtime.patience.PatientStore`), holds handlers to their time limits, and
+a :class:`~workledger._runtime.patience.PatientStore`), holds handlers to their time limits, and
 runs the periodic sweeper off its claim loop, in a thread of its own, only while it is the one
 process of the ledger that leads (``Store.lead``: no write to elect it). Idle, it writes
 nothing. It logs its lifecycle through :mod:`logging` (``workledger.worker``): its start, a
@@ -22,17 +22,17 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 
+from workledger._runtime.deferred import take_deferred
+from workledger._runtime.handlers.async_executor import AsyncExecutor
+from workledger._runtime.handlers.executors import Executor, ThreadExecutor
+from workledger._runtime.handlers.processes import ProcessExecutor
+from workledger._runtime.patience import MAX_DELAY
+from workledger._runtime.repair.sweeper import Sweeper, SweepLoop, SweepReport
+from workledger._runtime.worker.chunk import Chunk, LateResults
+from workledger._runtime.worker.holder import WorkerOptions, WorkReport
+from workledger._runtime.worker.lanes import Lane, Nudge
 from workledger.core.limits import CHUNK_MAX
-from workledger.runtime.async_executor import AsyncExecutor
-from workledger.runtime.chunk import Chunk, LateResults
-from workledger.runtime.deferred import take_deferred
-from workledger.runtime.executors import Executor, ThreadExecutor
-from workledger.runtime.holder import WorkerOptions, WorkReport
-from workledger.runtime.jobs import Job
-from workledger.runtime.lanes import Lane, Nudge
-from workledger.runtime.patience import MAX_DELAY
-from workledger.runtime.processes import ProcessExecutor
-from workledger.runtime.sweeper import Sweeper, SweepLoop, SweepReport
+from workledger.jobs import Job
 from workledger.storage.port import ClaimedItem, ClaimParams, Store
 
 log = logging.getLogger("workledger.worker")
@@ -165,7 +165,7 @@ class Worker:
         return self.report
 
     def _lanes(self) -> list[Lane]:
-        """One lane per kind of executor the stages run in (runtime/lanes.py); the handler
+        """One lane per kind of executor the stages run in (_runtime/worker/lanes.py); the handler
         processes' lane keeps two chunks in flight."""
         places: dict[str, Executor | None] = {
             "process": self.processes, "async": self.coroutines, "thread": self.threads}

@@ -1,6 +1,6 @@
 """What a claimed chunk needs from the worker that holds it: its options, its report, and the
-handful of attributes :class:`~workledger.runtime.chunk.Chunk` reads. A protocol here, so the
-chunk does not import the worker that imports it."""
+handful of attributes :class:`~workledger._runtime.worker.chunk.Chunk` reads. A protocol here,
+so the chunk does not import the worker that imports it."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class WorkReport:
 
 class Late(Protocol):
     """Where a handler abandoned past its time limit is left, its items held, until it ends
-    (``runtime/chunk.py``, ``LateResults``)."""
+    (``_runtime/worker/chunk.py``, ``LateResults``)."""
 
     def add(self, holder: Holder, overrun: Any) -> None: ...
 

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from workledger.core.states import TERMINAL, ItemState
 from workledger.core.status import CLOSE_STAGE
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.storage.port import ItemsQuery, RunRow, Store
 
 BATCH = 5000

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from workledger.runtime.executors import Executor
+from workledger._runtime.handlers.executors import Executor
 
 
 class Nudge:

@@ -23,50 +23,12 @@ from workledger.core.outcomes import (
 )
 from workledger.core.states import Actor, ItemState
 from workledger.core.text import Undecodable, Unstorable, json_text, reason_text
-from workledger.runtime.jobs import Job, Stage
+from workledger.jobs import BatchContext, Context, ItemView, Job, Stage
 from workledger.storage.port import ClaimedItem, Finish
 
 _PROCESSED_NONE = Processed(None)  # immutable: one shared value for every handler that returns None
 
 TRACE_LIMIT = 4096  # characters of a failure's traceback kept in its event (the last frames)
-
-
-class ItemView(NamedTuple):
-    """What a handler sees: identity and small data (fetch current data when you run).
-    An immutable named tuple: one is made per execution."""
-
-    id: int
-    run_id: int
-    stage: str
-    seq: int
-    key: str | None
-    data: Any
-
-
-class Context(NamedTuple):
-    """Per-execution facts. ``idempotency_key`` is stable across attempts: run/stage/seq.
-    An immutable named tuple: one is made per execution."""
-
-    run_id: int
-    job: str
-    stage: str
-    attempt: int
-    idempotency_key: str
-    worker_id: str
-    lease_token: int
-
-
-class BatchContext(NamedTuple):
-    """What a batch handler sees besides its items: one per call. ``attempts`` and
-    ``idempotency_keys`` hold one entry per item, in the order of the items."""
-
-    run_id: int
-    job: str
-    stage: str
-    attempts: tuple[int, ...]
-    idempotency_keys: tuple[str, ...]
-    worker_id: str
-    lease_token: int
 
 
 def context_for(job: Job, item: ClaimedItem | Any, attempt: int, worker_id: str) -> Context:

@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from workledger._runtime.status import status_of
 from workledger.core import writes
 from workledger.core.states import Actor, ItemState, move
 from workledger.core.status import CLOSE_STAGE
 from workledger.errors import Refused, UsageError
-from workledger.runtime.jobs import Job
-from workledger.runtime.status import status_of
+from workledger.jobs import Job
 from workledger.storage.port import (
     EventRow,
     ItemRow,

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from workledger._runtime.handlers.executors import TaskBook
 from workledger.core.outcomes import Outcome
 from workledger.errors import AppError, UsageError
-from workledger.runtime.executors import TaskBook
 from workledger.storage import holders
 from workledger.storage.port import ClaimedItem
 
@@ -161,7 +161,7 @@ def _child_main(app: str, conn: Connection, running: Any, safe_path: str | None 
 
 
 def _run_slice(job: Any, task: Slice, running: Any) -> list[Outcome]:
-    from workledger.runtime.execute import run_batch, run_handler
+    from workledger._runtime.handlers.execute import run_batch, run_handler
 
     first = job.stage_named(task.items[0].stage)
     if first.batch:  # one call for the batch

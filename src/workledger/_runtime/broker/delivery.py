@@ -3,16 +3,16 @@ names, run them with the worker's own code, write their outcomes fenced, and pub
 made claimable.
 
 The claim is :meth:`~workledger.storage.port.Store.items_claim_by_identity`: only items still
-pending and claimable (the run decomposed, not paused or cancelled, a retry due) move, under a
-lease with a fresh token, so a copy of a message, or one delivered after its items were claimed
-some other way, claims nothing and runs nothing. What the task claimed it runs as a worker runs
-a chunk (``runtime/chunk.py``: stages, retries, time limits, lease renewals, recorded starts for
-stages that are not idempotent, a suspect run alone), through a :class:`TaskHolder` in place of
-the worker. After each commit of outcomes, the rows it handed off to the next stage, the items
-it must retry (held by the broker until due) and the items it released are published
-(:class:`FollowUps`), each marked owed first (``runtime/dispatch.py``). Of a rate-limited
-stage, what the bucket left is held back (``Store.items_hold_back``): published again, held by
-the broker until the bucket can serve it, and claimed by no copy of an earlier message.
+pending and claimable (the run decomposed, not paused or cancelled, a retry due) move, under a lease
+with a fresh token, so a copy of a message, or one delivered after its items were claimed some other
+way, claims nothing and runs nothing. What the task claimed it runs as a worker runs a chunk
+(``_runtime/worker/chunk.py``: stages, retries, time limits, lease renewals, recorded starts for
+stages that are not idempotent, a suspect run alone), through a :class:`TaskHolder` in place of the
+worker. After each commit of outcomes, the rows it handed off to the next stage, the items it must
+retry (held by the broker until due) and the items it released are published (:class:`FollowUps`),
+each marked owed first (``_runtime/broker/dispatch.py``). Of a rate-limited stage, what the bucket
+left is held back (``Store.items_hold_back``): published again, held by the broker until the bucket
+can serve it, and claimed by no copy of an earlier message.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from workledger._runtime.broker.dispatch import DispatchOptions, Message, Outbox
+from workledger._runtime.handlers.async_executor import AsyncExecutor
+from workledger._runtime.handlers.executors import ThreadExecutor
+from workledger._runtime.worker.chunk import Chunk, LateResults
+from workledger._runtime.worker.holder import WorkerOptions, WorkReport
+from workledger._runtime.worker.worker import new_worker_id
 from workledger.core.states import ItemState
 from workledger.errors import UnknownJob
-from workledger.runtime.async_executor import AsyncExecutor
-from workledger.runtime.chunk import Chunk, LateResults
-from workledger.runtime.dispatch import DispatchOptions, Message, Outbox
-from workledger.runtime.executors import ThreadExecutor
-from workledger.runtime.holder import WorkerOptions, WorkReport
-from workledger.runtime.jobs import Job
-from workledger.runtime.worker import new_worker_id
+from workledger.jobs import Job
 from workledger.storage.delegate import DelegatingStore
 from workledger.storage.port import (
     ClaimedItem,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from workledger._runtime.decompose import decompose
 from workledger.errors import DatabaseUnavailable, DecompositionFailed
-from workledger.runtime.decompose import decompose
-from workledger.runtime.jobs import Job
+from workledger.jobs import Job
 from workledger.storage.port import Store
 
 log = logging.getLogger("workledger.deferred")

@@ -3,8 +3,9 @@
 A broker carries messages that name items (an app, a job, a run, a stage and some seqs) and
 nothing else. What becomes of an item is decided by the ledger alone: the task that receives a
 message claims exactly those items that are still pending and claimable, under a lease with a
-fresh token (``runtime/delivery.py``), so a copy of a message finds nothing to do and a message
-delivered late or out of order runs nothing twice. What the broker loses, the ledger still owes:
+fresh token (``_runtime/broker/delivery.py``), so a copy of a message finds nothing to do and a
+message delivered late or out of order runs nothing twice. What the broker loses, the ledger
+still owes:
 
 - **an outbox in the items.** Before a message is published, its items are marked as owed the
   next one at a time (``wl_items.redispatch_at``, migration 0007): before a run is marked

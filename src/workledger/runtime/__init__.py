@@ -1,1 +1,0 @@
-"""The runtime: job definitions, decomposition, the worker. Talks to storage through the port."""
