@@ -193,9 +193,11 @@ def round_env(sink: Path, control: Path) -> dict[str, str]:
 ERROR_LINE = re.compile(r"^error: (.*)$", re.MULTILINE)
 # the exception a traceback in an rq worker's log ends with: a job that raised (RQ logs it and
 # moves the job to its failed registry; the ledger's sweeper takes its items back)
-# (the last of a chain: a cause is followed by "The above exception ..." or "During handling")
+# (the last of a chain: a cause, whose message may run over more lines, indented or not, such
+# as psycopg's DETAIL, is followed by a blank line and "The above exception ..." or "During
+# handling")
 RAISED = re.compile(r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*(\S.*)$"
-                    r"(?!(?:\n[ \t].*)*\n+(?:The above exception|During handling))",
+                    r"(?!(?:\n.+)*\n\n+(?:The above exception|During handling))",
                     re.MULTILINE)
 # what a broker task may fail with: the database away past the retry layer's patience (a
 # restart, terminated sessions, a partition), or a COMMIT whose outcome could not be learned
