@@ -243,11 +243,12 @@ def check_oracle(setup: Setup, ledger: Any, run_id: int, units: int) -> dict[str
     assert len([k for k in items if k[0] == "prepare"]) == units
     assert not [i for i in items.values() if i.state in ("pending", "claimed")], st.counts
     conn = sqlite3.connect(setup.sink)
+    mine = f"{run_id}/%"  # the sink may hold other runs' effects too
     runs = dict(conn.execute("SELECT key, count(*) FROM executions WHERE kind = 'apply' "
-                             "GROUP BY key").fetchall())
-    effects = {k for (k,) in conn.execute("SELECT key FROM effects")}
-    raw_prepare = conn.execute("SELECT count(*) FROM executions WHERE kind = 'prepare'"
-                               ).fetchone()[0]
+                             "AND key LIKE ? GROUP BY key", (mine,)).fetchall())
+    effects = {k for (k,) in conn.execute("SELECT key FROM effects WHERE key LIKE ?", (mine,))}
+    raw_prepare = conn.execute("SELECT count(*) FROM executions WHERE kind = 'prepare' "
+                               "AND key LIKE ?", (mine,)).fetchone()[0]
     conn.close()
     # D: one deduplicated effect per item of the idempotent stage ...
     assert effects == {f"{run_id}/prepare/{s}" for s in range(units)}

@@ -23,8 +23,7 @@ from typing import Any
 from celery import Celery, signals
 
 from workledger._runtime.broker.dispatch import BrokerDispatch, Message
-from workledger._runtime.repair.sweeper import SweepLoop
-from workledger.contrib._broker import ledger_named, start_sweeping
+from workledger.contrib._broker import Sweeping, ledger_named, start_sweeping
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -58,7 +57,7 @@ class CeleryDispatch(BrokerDispatch):
         self.celery = celery_app
         # one task per Celery app, whatever the number of ledgers: the message names its ledger
         self.task = celery_app.task(name=TASK, ignore_result=True, acks_late=False)(deliver)
-        self._sweeping: SweepLoop | None = None
+        self._sweeping: Sweeping | None = None
         self._lock = threading.Lock()
         signals.celeryd_after_setup.connect(self._consume, weak=False)
         signals.worker_ready.connect(self._worker_ready, weak=False)

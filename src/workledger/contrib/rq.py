@@ -31,8 +31,7 @@ import rq
 from redis import ConnectionPool, Redis
 
 from workledger._runtime.broker.dispatch import BrokerDispatch, Message
-from workledger._runtime.repair.sweeper import SweepLoop
-from workledger.contrib._broker import ledger_named, start_sweeping
+from workledger.contrib._broker import Sweeping, ledger_named, start_sweeping
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -212,7 +211,7 @@ class _Sweepers:
     def __init__(self, connection: Redis, queues: list[str]) -> None:
         self.connection = connection
         self.queues = queues
-        self.loops: dict[str, SweepLoop] = {}
+        self.loops: dict[str, Sweeping] = {}
         self.skipped: set[str] = set()  # names that cannot be swept: said once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wl-sweepers", daemon=True)
