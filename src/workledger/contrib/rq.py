@@ -40,6 +40,7 @@ APPS_KEY = "workledger:apps:{queue}"  # the ledgers whose messages a queue carri
 LOOK_EVERY = 5.0  # seconds between looks for ledgers to sweep, in an rq worker
 DUE_KEY = "workledger:due:{queue}"  # retries' messages until they are due, by due time
 MOVE_EVERY = 0.5  # seconds between moves of due messages into the queue, in an rq worker
+UNSUBSCRIBE_WITHIN = 1.0  # seconds a warm shutdown waits on RQ's command-channel thread
 # Held while a sweeper thread imports an app and while the worker forks a work horse: a fork
 # in the middle of an import would leave the horse waiting forever on the import's lock.
 _FORKING = threading.Lock()
@@ -172,6 +173,24 @@ class Worker(rq.Worker):
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         with _FORKING:
             super().fork_work_horse(job, queue)
+
+    def unsubscribe(self) -> None:
+        """RQ's teardown of its command channel, within a bounded time: its thread sleeps up
+        to 60 s waiting for a subscription once it has read the unsubscribe reply, and
+        redis-py 8.2's ``stop()`` joins it with no limit (a warm shutdown took a minute)."""
+        thread = self.pubsub_thread
+        if thread is None:
+            return
+        self.log.info("Worker %s: unsubscribing from channel %s", self.name,
+                      self.pubsub_channel_name)
+        self.pubsub.unsubscribe()
+        try:
+            thread.stop(timeout=UNSUBSCRIBE_WITHIN)  # redis-py >= 8.2: a bounded join
+        except TypeError:
+            thread.stop()  # older redis-py: stop() only clears the flag
+        thread.join(timeout=UNSUBSCRIBE_WITHIN)
+        if not thread.is_alive():  # a daemon thread still asleep closes it as it ends
+            self.pubsub.close()
 
 
 class _DueMessages:
