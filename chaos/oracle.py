@@ -10,7 +10,8 @@ After a round recovers, :func:`check` reads the ledger through the oracle's own 
   after a person chose it (``resolve --as pending`` of that item, or ``retry`` of its run,
   after the previous effect), whatever states the item went through meanwhile; a closing
   hook's effect ran again only after such a retry or when the process that made the previous
-  one died (a hook is run again when its process dies inside it); a processed item's effect
+  one died (a hook is run again when its process dies inside it, or gives up on a database
+  that stays away before it has recorded the hook's outcome); a processed item's effect
   happened;
 - **T** terminal is one-way: :class:`OneWay` diffs snapshots taken during the round;
 - **R** the projection reconciles: stored counters and stage counts equal what this module
@@ -308,7 +309,7 @@ def _why_again(key: str, stage: str, prev: Effect, nxt: Effect, choices: list[Ch
                 or (c.what == "retry" and c.key == f"{run}/*")):
             return f"{c.what} after the previous effect"
     if stage == CLOSE and prev.pid in died:
-        return "the hook's process died after its effect"
+        return "the hook's process died (or gave up on the database) after its effect"
     return None
 
 

@@ -87,6 +87,12 @@ class Exit:
     problem: str | None  # why this exit breaks check E, if it does
     lived: float
 
+    @property
+    def gave_up_on_the_database(self) -> bool:
+        """It ended with one clear line because the database stayed away past its patience:
+        what it had done and not yet recorded is, to the ledger, the work of a dead process."""
+        return self.rc == 1 and self.error is not None and self.error.startswith(DB_AWAY)
+
 
 def in_session(sid: int) -> list[int]:
     """The processes of session ``sid`` but its leader."""
@@ -191,6 +197,8 @@ def round_env(sink: Path, control: Path) -> dict[str, str]:
 
 
 ERROR_LINE = re.compile(r"^error: (.*)$", re.MULTILINE)
+# the one-line errors of a process that gave up on an unreachable database (storage/*.py)
+DB_AWAY = ("no connection to ", "cannot connect to ", "lost the connection to ")
 # the exception a traceback in an rq worker's log ends with: a job that raised (RQ logs it and
 # moves the job to its failed registry; the ledger's sweeper takes its items back)
 # (the last of a chain: a cause, whose message may run over more lines, indented or not, such

@@ -16,12 +16,14 @@ ever, since a fork copies SQLite's record of the locks but not the locks).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import signal
-import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -53,7 +55,11 @@ def ledger_named(app: str, *, imported: bool = False) -> Ledger:
 class Sweeping(Protocol):
     """A ledger's sweeper loop that runs until it is stopped."""
 
-    def stop(self) -> None: ...
+    def terminate(self) -> None:
+        """Ask it to stop, without waiting."""
+
+    def stop(self) -> None:
+        """Stop it and wait until it has."""
 
 
 def start_sweeping(ledger: Ledger) -> Sweeping:
@@ -65,31 +71,110 @@ def start_sweeping(ledger: Ledger) -> Sweeping:
     return sweep_here(ledger)
 
 
-class SweepProcess:
-    """``python -m workledger.contrib._sweeping APP``, started afresh (not forked), with this
-    process's import path and working directory so that it imports the same ledger; it ends when
-    stopped or when this process is gone."""
+SWEEP_PATH = "WORKLEDGER_SWEEPER_PATH"  # this process's import path, for the sweeper process
 
-    STOP_WITHIN = 60.0  # seconds for a hook in progress to end before the process is killed
+
+class SweepProcess:
+    """``python -P -m workledger.contrib._sweeping --parent PID APP``, started afresh and
+    supervised: it imports the ledger as this process did (the same import path, the working
+    directory searched after the standard library, as ``import_app`` does), ends when stopped
+    or when this process is gone, and is started again when it ends otherwise (killed, or the
+    app could not be imported), after a wait that doubles up to a minute.
+
+    It is started with ``posix_spawn``, not ``fork`` + ``exec``: the worker forks long-lived
+    processes from other threads at any moment (RQ's scheduler, Celery's pool), and one forked
+    while ``subprocess`` had its exec-status pipe open would keep that pipe, and the start
+    waiting, for as long as it lived."""
+
+    STOP_WITHIN = 25.0  # seconds for a sweep in progress to end before the process is killed
+    RESTART_AFTER = (1.0, 60.0)  # the first and the longest wait before it is started again
+    STEADY = 60.0  # seconds alive after which a restart waits the first wait again
 
     def __init__(self, app: str) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
         self.app = app
-        self.process = subprocess.Popen(  # noqa: S603 - our own module, our own interpreter
-            [sys.executable, "-m", "workledger.contrib._sweeping", app],
-            env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL)
-        log.info("the sweeper of %s runs in process %d", app, self.process.pid)
+        self.pid: int | None = None
+        self._pidfd: int | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the pid and its descriptor change together
+        self._spawn()
+        self._watch = threading.Thread(target=self._supervise, name="wl-sweep-process",
+                                       daemon=True)
+        self._watch.start()
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=self.STOP_WITHIN)
-        except subprocess.TimeoutExpired:
+    def _spawn(self) -> None:
+        here = {"", os.getcwd()}
+        env = dict(os.environ)
+        env[SWEEP_PATH] = json.dumps([p for p in sys.path if p not in here])
+        argv = [sys.executable, "-P", "-m", "workledger.contrib._sweeping",
+                "--parent", str(os.getpid()), self.app]
+        pid = os.posix_spawn(sys.executable, argv, env, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+        with self._lock:
+            self.pid = pid
+            self._pidfd = _pidfd(pid)
+        log.info("the sweeper of %s runs in process %d", self.app, pid)
+
+    def _supervise(self) -> None:
+        wait = self.RESTART_AFTER[0]
+        while True:
+            pid, began = self.pid, time.monotonic()
+            assert pid is not None
+            try:
+                status: int | None = os.waitpid(pid, 0)[1]
+            except ChildProcessError:  # reaped by someone else (a pool that waits for any child)
+                status = None
+            with self._lock:
+                self.pid = None
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
+                    self._pidfd = None
+            if self._stop.is_set():
+                return
+            if time.monotonic() - began > self.STEADY:
+                wait = self.RESTART_AFTER[0]
+            how = "unknown" if status is None else os.waitstatus_to_exitcode(status)
+            log.warning("the sweeper of %s ended (exit %s) while its worker runs: started "
+                        "again in %gs", self.app, how, wait)
+            if self._stop.wait(wait):
+                return
+            wait = min(wait * 2, self.RESTART_AFTER[1])
+            try:
+                self._spawn()
+            except OSError:
+                log.exception("could not start the sweeper of %s again", self.app)
+
+    def _signal(self, signum: int) -> None:
+        with self._lock:
+            if self.pid is None:
+                return
+            try:
+                if self._pidfd is not None:  # never a process that took a reaped one's pid
+                    signal.pidfd_send_signal(self._pidfd, signum)
+                else:
+                    os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self._stop.set()
+        self._signal(signal.SIGTERM)
+
+    def stop(self, within: float | None = None) -> None:
+        self.terminate()
+        self._watch.join(self.STOP_WITHIN if within is None else within)
+        if self._watch.is_alive():
             log.warning("the sweeper of %s did not stop within %gs: killed", self.app,
-                        self.STOP_WITHIN)
-            self.process.kill()
-            self.process.wait()
+                        self.STOP_WITHIN if within is None else within)
+            self._signal(signal.SIGKILL)
+            self._watch.join(5.0)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that names process ``pid`` for as long as it is open (Linux 5.3 and on)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def sweep_here(ledger: Ledger) -> SweepLoop:

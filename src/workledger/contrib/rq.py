@@ -241,6 +241,8 @@ class _Sweepers:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+        for loop in self.loops.values():  # all asked at once, then waited for
+            loop.terminate()
         for loop in self.loops.values():
             loop.stop()
 

@@ -440,6 +440,10 @@ class SweepLoop:
     def start(self) -> None:
         self._thread.start()
 
+    def terminate(self) -> None:
+        """Ask the loop to stop after its pass in progress, without waiting."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
