@@ -302,6 +302,8 @@ VOLATILE = [
     (r"database unavailable: .+?; retrying", "database unavailable: <why>; retrying"),
     (r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:\d\d|Z)?", "<time>"),
     (r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b", "<time>"),
+    # a table cell's time wraps: its date alone on one line, the rest on the next
+    (r"\b\d{4}-\d\d-\d\d\b", "<date>"),
     (r"[\w.-]+:\d+:[0-9a-f]{6}\b", "<worker>"),
     (r"lease token \d+", "lease token <n>"),
     (r"(127\.0\.0\.1|--smtp-port|localhost):? ?\d{2,5}\b", r"\1:<port>"),
