@@ -112,7 +112,8 @@ def settle(url: str) -> None:
 def server(url: str) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKLEDGER_")}
     proc = subprocess.Popen([sys.executable, "-m", "workledger.cli", "--db", url, "serve",
-                             "--port", "0", "--no-token"], env=env, stdout=subprocess.PIPE, text=True)
+                             "--port", "0", "--no-token"], env=env, stdout=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout is not None
         address = proc.stdout.readline().split()[2]

@@ -95,7 +95,7 @@ def test_a_forking_broker_worker_never_holds_the_sqlite_ledger_open(
 
 def test_the_sweeper_process_ends_with_its_broker_worker(sqlite_setup: Setup) -> None:
     """Killed alone (``kill -9`` of the worker's main process, not its session), the broker
-    worker leaves no sweeper behind: its sweeper sees the pipe from its parent close."""
+    worker leaves no sweeper behind: its sweeper sees its parent gone."""
     setup = sqlite_setup
     ledger = setup.ledger()
     worker = setup.start_worker(setup.tmp / "worker.log")
@@ -107,4 +107,5 @@ def test_the_sweeper_process_ends_with_its_broker_worker(sqlite_setup: Setup) ->
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=30)
     poll(lambda: not _sweepers(worker.pid), "the sweeper to end with its worker", timeout=30)
+    setup.kill(worker)  # RQ's scheduler, forked by the worker, outlives it: not left behind
     ledger.close()
