@@ -26,7 +26,6 @@ import threading
 import time
 from dataclasses import asdict
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from workledger._runtime.patience import Patience, patient
 from workledger._runtime.repair.sweeper import SweepLoop, SweepReport
@@ -66,7 +65,7 @@ def start_sweeping(ledger: Ledger) -> Sweeping:
     """Start the ledger's sweeper loop beside this broker worker: in a process of its own for a
     SQLite ledger (this process forks, and must never hold the file open when it does), in a
     thread of this process otherwise. Stop it with ``stop()``."""
-    if urlsplit(ledger.url).scheme == "sqlite":
+    if ledger.url.lower().startswith("sqlite:"):
         return SweepProcess(ledger._app_name())
     return sweep_here(ledger)
 
@@ -159,12 +158,12 @@ class SweepProcess:
         self._stop.set()
         self._signal(signal.SIGTERM)
 
-    def stop(self, within: float | None = None) -> None:
+    def stop(self) -> None:
         self.terminate()
-        self._watch.join(self.STOP_WITHIN if within is None else within)
+        self._watch.join(self.STOP_WITHIN)
         if self._watch.is_alive():
             log.warning("the sweeper of %s did not stop within %gs: killed", self.app,
-                        self.STOP_WITHIN if within is None else within)
+                        self.STOP_WITHIN)
             self._signal(signal.SIGKILL)
             self._watch.join(5.0)
 

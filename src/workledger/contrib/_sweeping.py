@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 
-SWEEP_PATH = "WORKLEDGER_SWEEPER_PATH"  # the worker's import path (_broker.SWEEP_PATH)
 PARENT_EVERY = 0.5  # seconds between looks at whether the worker that started this is alive
 
 
@@ -36,6 +35,8 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the worker, which stops this
+    from workledger.contrib._broker import SWEEP_PATH, ledger_named, sweep_here
+
     # the worker's import path, after this interpreter's own (-P: no directory put first);
     # the working directory is searched for the app only, after them (import_app)
     sys.path.extend(p for p in json.loads(os.environ.pop(SWEEP_PATH, "[]")) if p not in sys.path)
@@ -44,8 +45,6 @@ def main(argv: list[str]) -> int:
     logger = logging.getLogger("workledger")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-
-    from workledger.contrib._broker import ledger_named, sweep_here
 
     loop = sweep_here(ledger_named(app))
     try:
