@@ -38,6 +38,9 @@ PUBLIC_COLUMNS = {
         "tolerate",
         "deferred_at",
         "closing",
+        "deadline_at",
+        "warn_at",
+        "deadline_missed_at",
     },
     "wl_items": {
         "id",
@@ -65,6 +68,10 @@ PUBLIC_COLUMNS = {
     "wl_stage_counts": {"id", "run_id", "stage", "state", "n"},
     "wl_stage_limits": {"job", "stage", "tokens", "refreshed_at", "rate", "burst",
                         "max_in_flight", "held_until"},
+    "wl_schedules": {"name", "job", "spec", "tz", "next_fire_at", "waiting_fire_at", "missed",
+                     "paused_at", "paused_by", "created_at", "updated_at"},
+    "wl_firings": {"schedule", "fire_at", "state", "run_id", "error", "attempts", "actor",
+                   "recorded_at"},
 }
 
 PG_UNIQUE_INDEXES = """

@@ -22,7 +22,7 @@ from workledger._runtime.decompose import decompose
 from workledger._runtime.handlers.processes import find_app, import_app
 from workledger._runtime.overview import MetricsSnapshot
 from workledger._runtime.patience import Patience, patient
-from workledger._runtime.repair import operations, retention
+from workledger._runtime.repair import calendar, operations, retention
 from workledger._runtime.repair.audit import (
     AuditFilter,
     AuditPage,
@@ -35,7 +35,7 @@ from workledger._runtime.repair.audit import (
 from workledger._runtime.repair.operations import RESOLVE_TARGETS, History
 from workledger._runtime.repair.reconcile import differences, reconcile
 from workledger._runtime.repair.retention import PruneReport
-from workledger._runtime.repair.sweeper import Sweeper, SweepReport
+from workledger._runtime.repair.sweeper import Sweeper, SweepLoop, SweepReport
 from workledger._runtime.status import status_of
 from workledger._runtime.worker.holder import WorkerOptions, WorkReport
 from workledger._runtime.worker.worker import Worker
@@ -53,11 +53,14 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.jobs import Job, canonical_json, default_key
-from workledger.results import RunStatus, Submission
+from workledger.results import RunStatus, ScheduleStatus, Submission
 from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
+    DeadlineRow,
     EventRow,
+    Fired,
+    FiringRow,
     ItemRow,
     ItemsQuery,
     NewRun,
@@ -73,7 +76,8 @@ from workledger.storage.port import (
 __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TARGETS",
            "RUN_STATES", "TERMINAL", "ItemState", "RunState",
            "Finding", "FindingGroup", "History", "ItemRow", "Ledger", "MetricsSnapshot",
-           "PruneReport", "ReasonGroup", "RunStatus", "RunsPage", "Submission", "SweepReport",
+           "DeadlineRow", "Fired", "FiringRow", "PruneReport", "ReasonGroup", "RunStatus",
+           "RunsPage", "ScheduleStatus", "Submission", "SweepLoop", "SweepReport",
            "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
            "mask_secrets", "masked_url", "open_private", "parse_duration", "same_database",
            "since_time", "url_secrets", "visible"]
@@ -217,16 +221,21 @@ class Ledger:
     # -- jobs and runs ---------------------------------------------------------------------
 
     def job(self, name: str, *, tolerate: float | int = 0, full_history: bool = False,
-            batch_size: int = 5000) -> Job:
+            batch_size: int = 5000, deadline: str | None = None,
+            deadline_warning: str | None = None) -> Job:
         """Define (or fetch) the job called ``name``.
 
         ``tolerate``: failed units a run may have and still end ``completed_with_failures``
         (a fraction below 1, or a count). ``full_history``: also record plain claims and
         completions in ``wl_events``. ``batch_size``: item rows per decomposition transaction.
+        ``deadline``: a duration (``"6h"``) after its submission or firing by which each run
+        should be complete (else ``audit`` reports it, exit 1); ``deadline_warning``: how long
+        before the deadline an open run is reported as near it.
         """
         if name not in self.jobs:
             self.jobs[name] = Job(self, name, tolerate=tolerate, full_history=full_history,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, deadline=deadline,
+                                  deadline_warning=deadline_warning)
         return self.jobs[name]
 
     def job_named(self, name: str) -> Job:
@@ -237,8 +246,12 @@ class Ledger:
             raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
 
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None) -> Submission:
+               conn: Any = None, *, deadline: Any = None) -> Submission:
         """Record a run, decompose it, and return its real state.
+
+        ``deadline``: a timezone-aware datetime, or a duration after submission (``"2h"``),
+        by which the run should be complete (default: the job's ``deadline``); a run past it
+        is an ``audit`` finding, an event, a flag in the dashboard and a metric.
 
         A key that exists already returns that run (``created=False``) and its real state;
         the same key with another payload raises :class:`PayloadMismatch` and writes nothing.
@@ -261,7 +274,8 @@ class Ledger:
         inputs.check_key(key)
         text = canonical_json(payload)
         new = NewRun(job.name, key or default_key(text), text, float(job.tolerate),
-                     closing=job.closing is not None)
+                     closing=job.closing is not None,
+                     deadline=inputs.deadline_of(deadline, job.deadline, job.deadline_warning))
         if conn is not None:
             return self._submit_in(conn, job, new)
         run, created = self.store.run_submit(new)
@@ -479,6 +493,69 @@ class Ledger:
         ``after`` (the previous page's ``next``) on."""
         inputs.check_name("job name", job)
         return audit_page(self.store, self.jobs, AuditFilter(run_id, job, since), limit, after)
+
+    # -- schedules (docs/design.md, "Schedules and deadlines") -------------------------------
+
+    def schedules(self) -> list[ScheduleStatus]:
+        """Every schedule the loaded app declares or the ledger recorded, by name: spec, time
+        zone, next and last firing, the last run and its state, paused or not."""
+        def state_of(run_id: int) -> str | None:
+            run = self.store.run_get(run_id)
+            return None if run is None else self._status_of(run).state
+
+        return calendar.statuses(self.store, self.jobs, state_of)
+
+    def schedule_loop(self) -> SweepLoop | None:
+        """A background loop that fires the loaded app's schedules (only those: no leases, no
+        hooks) while this process leads them: what ``serve --app`` runs. None without schedules.
+        ``start()`` it; ``stop()`` waits for its pass in progress."""
+        if not any(job.schedules for job in self.jobs.values()):
+            return None
+        store = patient(self.store, Patience(600.0, rng=random.Random(self.rng.random())))
+        sweeper = self.sweeper(actor="serve", store=store)
+        return SweepLoop(sweeper, store, 10.0, lambda report: None, only_fire=True)
+
+    def firings(self, name: str, limit: int = 20) -> list[FiringRow]:
+        """The schedule's recorded firings, newest first."""
+        inputs.check_name("schedule name", name)
+        inputs.check_limit(limit)
+        return self.store.firings_list(name, limit)
+
+    def schedule_pause(self, name: str, *, actor: str = "operator") -> bool:
+        """Stop firing ``name`` (False: paused already). UnknownSchedule unless declared."""
+        inputs.check_name("schedule name", name)
+        return calendar.set_paused(self.store, self.jobs, name, True, actor)
+
+    def schedule_resume(self, name: str, *, actor: str = "operator") -> bool:
+        """Fire ``name`` again; what it missed while paused follows its catch-up rule."""
+        inputs.check_name("schedule name", name)
+        return calendar.set_paused(self.store, self.jobs, name, False, actor)
+
+    def schedule_fire(self, name: str, *, actor: str = "operator") -> tuple[datetime, Fired]:
+        """One firing now (keyed by now, to the second), under the schedule's overlap rule."""
+        inputs.check_name("schedule name", name)
+        return calendar.fire_now(self.store, self.jobs, name, actor)
+
+    def schedule_backfill(self, name: str, start: datetime, end: datetime, *,
+                          dry_run: bool = False, yes: bool = False,
+                          actor: str = "operator") -> list[tuple[datetime, Fired | None]]:
+        """Every planned firing from ``start`` to ``end`` (aware datetimes, both included),
+        each recorded at most once, so a repeated backfill adds nothing; ``dry_run``: only the
+        times (each with None). More than 10,000 firings need ``yes``; ``start`` after ``end``
+        is refused (BadInput, nothing written)."""
+        inputs.check_name("schedule name", name)
+        for what, t in (("--from", start), ("--to", end)):
+            if t.tzinfo is None or t.utcoffset() is None:
+                raise BadInput(f"backfill: {what} must carry a time zone (2026-01-25T06:00Z)")
+        times = calendar.backfill_times(self.jobs, name, start, end,
+                                        None if yes else calendar.BACKFILL_MAX)
+        if dry_run:
+            return [(t, None) for t in times]
+        return list(calendar.backfill(self.store, self.jobs, name, times, actor))
+
+    def deadlines(self, limit: int = 1000) -> tuple[datetime, list[DeadlineRow]]:
+        """Open runs past their deadline or inside its warning, with the database's now."""
+        return self.store.runs_deadlines(limit)
 
     # -- reading ---------------------------------------------------------------------------
 

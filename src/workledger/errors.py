@@ -29,6 +29,10 @@ class UnknownJob(UsageError):
     """No job of that name is defined in the app."""
 
 
+class UnknownSchedule(UsageError):
+    """No schedule of that name is declared by the loaded app."""
+
+
 class NoLedger(UsageError):
     """The database named holds no ledger, and the command only reads: nothing is created."""
 

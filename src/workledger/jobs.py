@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from workledger.core import limits, writes
+from workledger.core.durations import BadDuration, parse_duration
 from workledger.core.limits import NAME_BYTES, text_problem
 from workledger.core.outcomes import Item, Skip
 from workledger.core.rates import Rate, parse_rate
@@ -23,14 +24,18 @@ from workledger.core.text import Unstorable, json_text
 from workledger.core.writes import Write
 from workledger.errors import BadInput, UsageError
 from workledger.results import Submission
+from workledger.schedules import Schedule, ScheduleFn
+from workledger.schedules import declare as declare_schedule
 from workledger.storage.port import StageLimit
 
 
 class Submitter(Protocol):
     """What a job submits through: the :class:`workledger.Ledger` that defined it."""
 
+    jobs: dict[str, Job]
+
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None) -> Submission: ...
+               conn: Any = None, *, deadline: Any = None) -> Submission: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -110,11 +115,18 @@ class Job:
 
     def __init__(
         self, ledger: Submitter, name: str, *, tolerate: float | int = 0,
-        full_history: bool = False, batch_size: int = 5000,
+        full_history: bool = False, batch_size: int = 5000, deadline: str | None = None,
+        deadline_warning: str | None = None,
     ) -> None:
         problem = text_problem("job name", name, NAME_BYTES)
         if problem is not None:
             raise UsageError(problem)
+        # seconds after submission (or firing) a run should be complete by; the warning's lead
+        self.deadline = _duration(deadline, f"job {name!r}: deadline")
+        self.deadline_warning = _duration(deadline_warning, f"job {name!r}: deadline_warning")
+        if self.deadline_warning is not None and self.deadline is None:
+            raise UsageError(f"job {name!r}: deadline_warning goes with a deadline")
+        self.schedules: list[Schedule] = []
         self.ledger = ledger
         self.name = name
         self.tolerate = tolerate
@@ -243,6 +255,36 @@ class Job:
 
         return register(fn) if fn is not None else register
 
+    def schedule(self, spec: str, *, tz: str = "UTC", catch_up: str = "latest",
+                 overlap: str = "skip", catch_up_window: str = "1d",
+                 name: str | None = None) -> Callable[[ScheduleFn], ScheduleFn]:
+        """Declare that this job runs on a calendar: the decorated function is called with
+        each planned time (a timezone-aware datetime in ``tz``) by the sweeper that leads, and
+        returns the run's payload, ``(payload, key)``, or None (no run for that firing). The
+        default key is ``<name>@<fire time, ISO 8601 UTC>``, so one period makes one run.
+        ``spec``: a 5-field cron expression or ``"every 30s"`` (``s``, ``m``, ``h``, ``d``).
+        ``catch_up`` (after downtime, of the firings missed within ``catch_up_window``):
+        ``"all"``, ``"latest"`` or ``"none"``. ``overlap`` (a firing while the schedule's
+        previous run is not complete): ``"skip"``, ``"allow"`` or ``"wait"``. ``name``: the
+        schedule's name, unique per ledger (default: the function's name)."""
+
+        def register(fn: ScheduleFn) -> ScheduleFn:
+            declared = declare_schedule(fn, self.name, spec, tz=tz, catch_up=catch_up,
+                                        overlap=overlap, catch_up_window=catch_up_window,
+                                        name=name)
+            for job in getattr(self.ledger, "jobs", {}).values():
+                if any(s.name == declared.name for s in job.schedules):
+                    raise UsageError(f"schedule {declared.name!r} of job {self.name!r}: name: "
+                                     f"job {job.name!r} declares a schedule of that name "
+                                     "already (names are unique per ledger: give name=)")
+            if any(s.name == declared.name for s in self.schedules):
+                raise UsageError(f"schedule {declared.name!r} of job {self.name!r}: name: "
+                                 "declared twice (give name=)")
+            self.schedules.append(declared)
+            return fn
+
+        return register
+
     def stage_named(self, name: str) -> Stage:
         if name == CLOSE_STAGE and self.closing is not None:
             return self.closing
@@ -298,17 +340,32 @@ class Job:
     def limited_stages(self) -> frozenset[str]:
         return frozenset(s.name for s in self.stages if s.limited)
 
-    def submit(self, payload: Any, key: str | None = None, conn: Any = None) -> Submission:
+    def submit(self, payload: Any, key: str | None = None, conn: Any = None, *,
+               deadline: Any = None) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state.
         ``conn``: record it in the caller's open transaction instead, decomposed after the
-        commit (:meth:`workledger.Ledger.submit`)."""
-        return self.ledger.submit(self.name, payload, key=key, conn=conn)
+        commit. ``deadline``: a timezone-aware datetime, or a duration after submission
+        (``"2h"``), by which the run should be complete; default: the job's ``deadline``
+        (:meth:`workledger.Ledger.submit`)."""
+        return self.ledger.submit(self.name, payload, key=key, conn=conn, deadline=deadline)
 
     def check_ready(self) -> None:
         if self.decomposer is None:
             raise UsageError(f"job {self.name!r} has no decomposer (@job.decompose)")
         if not self.stages:
             raise UsageError(f"job {self.name!r} has no stage (@job.stage)")
+
+
+def _duration(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except BadDuration as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    if seconds <= 0:
+        raise UsageError(f"{what}: must be above 0")
+    return seconds
 
 
 def _check_timeout(timeout: float | None, what: str) -> None:

@@ -44,3 +44,31 @@ class Submission:
     @property
     def next(self) -> str:
         return self.status.next
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    """A schedule as ``workledger schedules`` shows it: its declaration (where the loaded app
+    declares it) and what the ledger recorded (``wl_schedules``, ``wl_firings``). Times are
+    ISO 8601 in UTC."""
+
+    name: str
+    job: str
+    spec: str
+    tz: str
+    catch_up: str | None  # None: the loaded app does not declare it
+    overlap: str | None
+    declared: bool  # the loaded app declares it (only then does a sweeper fire it)
+    recorded: bool  # a sweeper has recorded it (wl_schedules)
+    paused: bool
+    paused_at: str | None
+    paused_by: str | None
+    next_fire_at: str | None
+    last_fire_at: str | None
+    last_run_id: int | None
+    last_run_state: str | None
+    waiting_fire_at: str | None
+    missed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

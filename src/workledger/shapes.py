@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 from workledger.api import RunStatus
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from workledger._runtime.repair.operations import History
-    from workledger.api import Finding
+    from workledger.api import Finding, Fired, ScheduleStatus
     from workledger.storage.port import ItemRow, Reconciled
 
 # A status and an item are their dataclasses' fields, in order (results.py RunStatus,
@@ -49,3 +51,17 @@ def reconcile_dict(run_id: int, result: Reconciled) -> dict[str, Any]:
 
     diff = {k: {"stored": a, "ledger": b} for k, (a, b) in differences(result).items()}
     return {"run_id": run_id, "differences": diff, "repaired": result.repaired}
+
+
+def schedule_dict(schedule: ScheduleStatus) -> dict[str, Any]:
+    """The JSON shape of a schedule: every field of ScheduleStatus."""
+    return schedule.to_dict()
+
+
+def fired_dict(name: str, fire: datetime, fired: Fired | None) -> dict[str, Any]:
+    """A firing asked for by hand (``schedule fire``, ``backfill``); ``state`` None: a dry run."""
+    return {"schedule": name, "fire_at": fire.isoformat(),
+            "state": None if fired is None else fired.state,
+            "run_id": None if fired is None else fired.run_id,
+            "created": False if fired is None else fired.created,
+            "was": None if fired is None else fired.was}

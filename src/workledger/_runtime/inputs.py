@@ -3,8 +3,12 @@ anything is written, the same way on both backends: a failed check is :class:`Ba
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from workledger.core import limits
+from workledger.core.durations import BadDuration, parse_duration
 from workledger.errors import BadInput
+from workledger.storage.port import Deadline
 
 
 def check_key(key: str | None) -> None:
@@ -36,3 +40,26 @@ def _check(what: str, value: str, max_bytes: int) -> None:
     problem = limits.text_problem(what, value, max_bytes)
     if problem is not None:
         raise BadInput(problem)
+
+
+def deadline_of(given: object, after: float | None, warn_before: float | None) -> Deadline | None:
+    """A submission's deadline: ``given`` (an aware datetime, or a duration after submission
+    such as ``"2h"``), else the job's ``after`` seconds; None without either. BadInput for a
+    naive datetime or anything else."""
+    if given is None:
+        return None if after is None else Deadline(after=after, warn_before=warn_before)
+    if isinstance(given, datetime):
+        if given.tzinfo is None or given.utcoffset() is None:
+            raise BadInput("deadline: a datetime must be timezone-aware "
+                           "(datetime.now(timezone.utc) + timedelta(hours=2), say)")
+        return Deadline(at=given, warn_before=warn_before)
+    if isinstance(given, str):
+        try:
+            seconds = parse_duration(given)
+        except BadDuration as exc:
+            raise BadInput(f"deadline: {exc}") from None
+        if seconds <= 0:
+            raise BadInput("deadline: must be above 0")
+        return Deadline(after=seconds, warn_before=warn_before)
+    raise BadInput(f"deadline: expected a timezone-aware datetime or a duration like '2h', "
+                   f"not {type(given).__name__}")

@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 
 from workledger.api import mask_secrets, url_secrets
-from workledger.cli import demo, read, repair, web, work
+from workledger.cli import demo, read, repair, schedules, web, work
 from workledger.cli.output import one_line, show
 from workledger.cli.settings import Settings
 from workledger.errors import WorkledgerError
@@ -68,7 +68,8 @@ def cli(ctx: click.Context, db: str | None, app: str | None) -> None:
     ctx.call_on_close(settings.close)
 
 
-for _command in (*work.COMMANDS, *read.COMMANDS, *repair.COMMANDS, *web.COMMANDS, demo.demo):
+for _command in (*work.COMMANDS, *read.COMMANDS, *repair.COMMANDS, *schedules.COMMANDS,
+                 *web.COMMANDS, demo.demo):
     cli.add_command(_command)
 
 

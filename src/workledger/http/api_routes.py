@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +18,9 @@ from workledger.http.models import (
     AckRequest,
     After,
     AuditBody,
+    BackfillRequest,
+    FiredBody,
+    FiringsBody,
     HistoryBody,
     ItemsBody,
     NoteRequest,
@@ -28,15 +32,18 @@ from workledger.http.models import (
     RetryRequest,
     RunId,
     RunsBody,
+    SchedulesBody,
     Seq,
     StatusBody,
     SubmissionBody,
 )
 from workledger.shapes import (
     finding_dict,
+    fired_dict,
     history_dict,
     item_dict,
     reconcile_dict,
+    schedule_dict,
     status_dict,
     submission_dict,
 )
@@ -170,6 +177,50 @@ def ack(request: Request, run_id: RunId, body: AckRequest) -> JSONResponse:
     n = ledger_of(request).ack(run_id, note=body.note, stage=body.stage, seq=body.item,
                                actor=actor_of(request))
     return reply({"run_id": run_id, "acknowledged": n})
+
+
+@router.get("/schedules", response_model=SchedulesBody)
+def list_schedules(request: Request) -> JSONResponse:
+    return reply({"schedules": [schedule_dict(s) for s in ledger_of(request).schedules()]})
+
+
+@router.get("/schedules/{name}/firings", response_model=FiringsBody)
+def list_firings(request: Request, name: str, limit: Limit = 50) -> JSONResponse:
+    found = ledger_of(request).firings(name, limit)
+    return reply({"firings": [
+        {"schedule": f.schedule, "fire_at": f.fire_at.isoformat(), "state": f.state,
+         "run_id": f.run_id, "created": False, "was": f.error} for f in found]})
+
+
+@router.post("/schedules/{name}/pause", response_model=SchedulesBody)
+def pause_schedule(request: Request, name: str) -> JSONResponse:
+    ledger_of(request).schedule_pause(name, actor=actor_of(request))
+    return list_schedules(request)
+
+
+@router.post("/schedules/{name}/resume", response_model=SchedulesBody)
+def resume_schedule(request: Request, name: str) -> JSONResponse:
+    ledger_of(request).schedule_resume(name, actor=actor_of(request))
+    return list_schedules(request)
+
+
+@router.post("/schedules/{name}/fire", response_model=FiredBody)
+def fire_schedule(request: Request, name: str) -> JSONResponse:
+    when, fired = ledger_of(request).schedule_fire(name, actor=actor_of(request))
+    return reply(fired_dict(name, when, fired))
+
+
+@router.post("/schedules/{name}/backfill", response_model=FiringsBody)
+def backfill_schedule(request: Request, name: str, body: BackfillRequest) -> JSONResponse:
+    times = []
+    for what, text in (("from", body.start), ("to", body.end)):
+        try:
+            times.append(datetime.fromisoformat(text))
+        except ValueError:
+            raise BadInput(f"backfill: {what} {text!r} is not an ISO 8601 time") from None
+    done = ledger_of(request).schedule_backfill(name, times[0], times[1], dry_run=body.dry_run,
+                                                yes=body.yes, actor=actor_of(request))
+    return reply({"firings": [fired_dict(name, t, f) for t, f in done]})
 
 
 @router.get("/audit", response_model=AuditBody)

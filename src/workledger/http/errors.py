@@ -1,9 +1,9 @@
 """Every error over HTTP is ``{"error": "<one line>"}`` with a status that says whose it is.
 
-``UnknownRun``/``UnknownJob`` 404, ``PayloadMismatch`` 422, ``BadInput``, a malformed request
-and a Host that is not the server's 400, a body over its route's limit 413, too many wrong
-tokens 429, any other ``UsageError`` (a refusal) 409, ``DatabaseUnavailable`` 503; anything else 500
-with a generic message, never a traceback or a database URL.
+``UnknownRun``/``UnknownJob``/``UnknownSchedule`` 404, ``PayloadMismatch`` 422, ``BadInput``, a
+malformed request and a Host that is not the server's 400, a body over its route's limit 413,
+too many wrong tokens 429, any other ``UsageError`` (a refusal) 409, ``DatabaseUnavailable``
+503; anything else 500 with a generic message, never a traceback or a database URL.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from workledger.errors import (
     PayloadMismatch,
     UnknownJob,
     UnknownRun,
+    UnknownSchedule,
     UsageError,
     WorkledgerError,
 )
@@ -31,8 +32,8 @@ log = logging.getLogger("workledger.http")
 INTERNAL = "internal error: the server's log has the details"
 UNAVAILABLE = "the database does not answer: the server's log has the details"
 STATUS_OF: tuple[tuple[type[WorkledgerError], int], ...] = (
-    (UnknownRun, 404), (UnknownJob, 404), (PayloadMismatch, 422), (BadInput, 400),
-    (UsageError, 409), (DatabaseUnavailable, 503))
+    (UnknownRun, 404), (UnknownJob, 404), (UnknownSchedule, 404), (PayloadMismatch, 422),
+    (BadInput, 400), (UsageError, 409), (DatabaseUnavailable, 503))
 
 
 class ErrorBody(BaseModel):
@@ -110,7 +111,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         (400, "bad input: an unknown filter, a negative limit, malformed JSON; a Host that "
               "is not this server's"),
         (401, "no token, or an unknown one"), (403, "a read-only token, or another origin"),
-        (404, "no such run, job or item"), (409, "refused in the run's present state"),
+        (404, "no such run, job, item or schedule"), (409, "refused in the run's present state"),
         (413, "the body is over the route's limit"),
         (422, "the idempotency key names a run with another payload"),
         (429, "a wrong token from a client that sent too many: answered after a pause; "

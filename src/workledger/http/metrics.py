@@ -42,6 +42,22 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily("workledger_unknown_items",
                                 "Items whose outcome is unknown.", value=a.unknown)
         yield GaugeMetricFamily("workledger_failed_items", "Failed items.", value=a.failed)
+        yield from self._deadlines()
+
+    def _deadlines(self) -> Iterator[Metric]:
+        now, rows = self.ledger.deadlines()
+        past = GaugeMetricFamily("workledger_runs_past_deadline",
+                                 "Runs not complete past their deadline, by job.", labels=["job"])
+        near = GaugeMetricFamily("workledger_runs_near_deadline",
+                                 "Runs not complete inside their deadline's warning, by job.",
+                                 labels=["job"])
+        counts: dict[tuple[bool, str], int] = {}
+        for d in rows:
+            late = d.deadline_at <= now
+            counts[(late, d.job)] = counts.get((late, d.job), 0) + 1
+        for (late, job), n in sorted(counts.items()):
+            (past if late else near).add_metric([job], n)
+        yield from (past, near)
 
 
 def registry_for(ledger: Ledger) -> CollectorRegistry:

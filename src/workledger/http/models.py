@@ -150,3 +150,52 @@ class PruneRequest(BaseModel):
     job: str | None = None
     dry_run: bool = False
     export: str | None = Field(default=None, description="a file name in serve's --export-dir")
+
+
+class ScheduleBody(BaseModel):
+    """One entry of ``workledger schedules --json`` (times ISO 8601 in UTC)."""
+
+    name: str
+    job: str
+    spec: str
+    tz: str
+    catch_up: str | None = Field(description="null: the loaded app does not declare it")
+    overlap: str | None
+    declared: bool
+    recorded: bool
+    paused: bool
+    paused_at: str | None
+    paused_by: str | None
+    next_fire_at: str | None
+    last_fire_at: str | None
+    last_run_id: int | None
+    last_run_state: str | None
+    waiting_fire_at: str | None
+    missed: int
+
+
+class SchedulesBody(BaseModel):
+    schedules: list[ScheduleBody]
+
+
+class FiredBody(BaseModel):
+    """A firing asked for by hand: ``schedule fire --json``, one entry of ``backfill --json``."""
+
+    schedule: str
+    fire_at: str
+    state: str | None = Field(description="submitted, skipped, waiting, none, recorded, failed; "
+                                          "null in a dry run")
+    run_id: int | None
+    created: bool
+    was: str | None
+
+
+class FiringsBody(BaseModel):
+    firings: list[FiredBody]
+
+
+class BackfillRequest(BaseModel):
+    start: str = Field(alias="from", description="ISO 8601 with its zone; included")
+    end: str = Field(alias="to", description="ISO 8601 with its zone; included")
+    dry_run: bool = False
+    yes: bool = Field(default=False, description="record more than 10,000 firings")

@@ -138,6 +138,16 @@ def item(request: Request, run_id: RunId, stage: str, seq: Seq) -> HTMLResponse:
                  events=[views.event_row(e) for e in story.events])
 
 
+@router.get("/schedules", response_class=HTMLResponse)
+def schedules(request: Request) -> HTMLResponse:
+    """The schedules, and the open runs past or near their deadline (flagged)."""
+    ledger = _ledger(request)
+    now, rows = ledger.deadlines()
+    return _page(request, "schedules.html", schedules=ledger.schedules(),
+                 late=[d for d in rows if d.deadline_at <= now],
+                 near=[d for d in rows if d.deadline_at > now])
+
+
 @router.get("/audit", response_class=HTMLResponse)
 def audit(request: Request, after: str | None = None) -> HTMLResponse:
     """The findings, 200 a page: the dashboard never builds every finding of a big ledger."""

@@ -126,6 +126,9 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
     pruner = DailyPrune(ledger, prune_after) if prune_after is not None else None
     if pruner is not None:
         pruner.start()
+    calendar = ledger.schedule_loop()  # the app's schedules, fired here too (safe twice over)
+    if calendar is not None:
+        calendar.start()
     limits = limits.within_descriptors()
     server = uvicorn.Server(uvicorn.Config(
         app, log_level="warning", access_log=False, log_config=None, ws="none",
@@ -145,3 +148,5 @@ def serve(ledger: Ledger, *, host: str, port: int, tokens: Tokens,
             signal.signal(s, handler)
         if pruner is not None:
             pruner.stopped.set()
+        if calendar is not None:
+            calendar.stop()

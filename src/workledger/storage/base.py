@@ -21,6 +21,7 @@ from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.core.writes import Unit
 from workledger.errors import StorageError, UnknownRun, UsageError
 from workledger.storage import common
+from workledger.storage.calendar import Calendar
 from workledger.storage.dialect import C, Connection
 from workledger.storage.dispatching import Dispatching
 from workledger.storage.overview import Overview
@@ -57,7 +58,7 @@ FINISH_COLUMNS = ("ids", "tokens", "states", "results", "errors", "delays", "cha
 SETTLE_COLUMNS = ("ids", "states", "results", "errors", "delays", "resets")
 
 
-class LedgerStore(Overview[C], Dispatching[C]):
+class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
     """The storage port over a dialect's hooks; ``SqliteStore`` and ``PostgresStore`` are it."""
 
     # -- schema ----------------------------------------------------------------------------
@@ -90,9 +91,6 @@ class LedgerStore(Overview[C], Dispatching[C]):
 
     wakes_other_processes = False
 
-    def _wake(self, conn: C) -> None:
-        """Work becomes claimable when this transaction commits: tell idle workers."""
-
     def wait_for_work(self, timeout: float) -> bool:
         time.sleep(timeout)
         return False
@@ -104,6 +102,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
             inserted = conn.execute(self.Q["run_insert"], params).fetchone()
             row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
             if inserted is not None:
+                self._set_deadline(conn, int(row["id"]), new)
                 conn.execute(self.Q["events_add"], common.run_event(
                     row["id"], "submitted", None, key=new.idempotency_key))
         if inserted is not None:
@@ -124,6 +123,7 @@ class LedgerStore(Overview[C], Dispatching[C]):
             inserted = theirs.execute(self.Q["run_insert_deferred"], params).fetchone()
             row = self._first(theirs.execute(self.Q["run_by_key_in"], params).fetchall())
             if inserted is not None:
+                self._set_deadline(theirs, int(row["id"]), new)
                 theirs.execute(self.Q["events_add"], common.run_event(
                     row["id"], "submitted", None, key=new.idempotency_key, deferred=True))
         # the caller's driver decodes JSON its own way: the payload was read as text

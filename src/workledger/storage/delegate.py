@@ -14,6 +14,7 @@ answer None, so tests/test_store_wrappers.py checks that every one is written ou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from workledger.storage.port import (
@@ -21,11 +22,15 @@ from workledger.storage.port import (
     AuditItems,
     ClaimedItem,
     ClaimParams,
+    DeadlineRow,
     DispatchMark,
     EventRow,
     FinishedRuns,
     FinishParams,
     FinishResult,
+    Fired,
+    Firing,
+    FiringRow,
     Hold,
     HoldBack,
     IdentityClaim,
@@ -42,6 +47,8 @@ from workledger.storage.port import (
     Reconciled,
     RunRow,
     RunsQuery,
+    ScheduleDecl,
+    ScheduleRow,
     SettleParams,
     Store,
 )
@@ -273,3 +280,41 @@ class DelegatingStore(Store):
 
     def runs_unclosed(self, run_ids: Sequence[int]) -> list[int]:
         return self._call(self.inner.runs_unclosed, run_ids)
+
+    def db_now(self) -> datetime:
+        return self._call(self.inner.db_now)
+
+    def schedules_declare(self, decls: Sequence[ScheduleDecl]) -> None:
+        return self._call(self.inner.schedules_declare, decls)
+
+    def schedules_all(self) -> list[ScheduleRow]:
+        return self._call(self.inner.schedules_all)
+
+    def schedule_fire(self, firing: Firing) -> Fired:
+        return self._call(self.inner.schedule_fire, firing)
+
+    def schedule_advance(self, name: str, expected: datetime, next_at: datetime,
+                         missed: int) -> bool:
+        return self._call(self.inner.schedule_advance, name, expected, next_at, missed)
+
+    def schedule_firing_failed(self, name: str, fire_at: datetime, error: str,
+                               actor: str) -> None:
+        return self._call(self.inner.schedule_firing_failed, name, fire_at, error, actor)
+
+    def schedule_open_run(self, name: str, job: str) -> int | None:
+        return self._call(self.inner.schedule_open_run, name, job)
+
+    def schedule_set_paused(self, name: str, paused: bool, actor: str) -> bool:
+        return self._call(self.inner.schedule_set_paused, name, paused, actor)
+
+    def firings_list(self, name: str, limit: int) -> list[FiringRow]:
+        return self._call(self.inner.firings_list, name, limit)
+
+    def firings_failed(self, limit: int) -> list[FiringRow]:
+        return self._call(self.inner.firings_failed, limit)
+
+    def runs_mark_deadline_missed(self, actor: str, limit: int) -> list[int]:
+        return self._call(self.inner.runs_mark_deadline_missed, actor, limit)
+
+    def runs_deadlines(self, limit: int) -> tuple[datetime, list[DeadlineRow]]:
+        return self._call(self.inner.runs_deadlines, limit)

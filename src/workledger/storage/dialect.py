@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from workledger.errors import StorageError
@@ -153,6 +154,19 @@ class Dialect(ABC, Generic[C]):
     @abstractmethod
     def _ts_req(value: Any) -> str:
         """The same for a NOT NULL time column."""
+
+    @staticmethod
+    @abstractmethod
+    def _at(value: datetime) -> Any:
+        """A timezone-aware time as a parameter of a time column (migration 0014)."""
+
+    @staticmethod
+    @abstractmethod
+    def _time(value: Any) -> datetime | None:
+        """A time column's value as a timezone-aware datetime in UTC (None for NULL)."""
+
+    def _wake(self, conn: C) -> None:
+        """Work becomes claimable when this transaction commits: tell idle workers."""
 
     # -- plumbing ----------------------------------------------------------------------------
 

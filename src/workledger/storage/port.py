@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from workledger.core.states import LOST_TWICE, NOT_STARTED, ItemState
@@ -18,12 +19,23 @@ from workledger.core.writes import Write
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """When a run should be complete (migration 0014): at a time, or seconds after it was
+    recorded; its warning starts ``warn_before`` seconds earlier (None: no warning)."""
+
+    at: datetime | None = None
+    after: float | None = None
+    warn_before: float | None = None
+
+
+@dataclass(frozen=True)
 class NewRun:
     job: str
     idempotency_key: str
     payload: str  # canonical JSON text
     tolerate: float | None = None  # failed units allowed: a count (>= 1) or a fraction (< 1)
     closing: bool | None = None  # its job declared a closing hook (migration 0012): prune waits
+    deadline: Deadline | None = None  # set on the run when it is recorded (not when it exists)
 
 
 @dataclass(frozen=True)
@@ -429,6 +441,94 @@ class Attention:
     failed: int
 
 
+@dataclass(frozen=True)
+class ScheduleDecl:
+    """A schedule as the code declares it; ``next_at``: its first planned time after now,
+    where it starts when it is new (or its spec, time zone or job changed)."""
+
+    name: str
+    job: str
+    spec: str
+    tz: str
+    next_at: datetime
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A ``wl_schedules`` row, with its last firing and the last run it made."""
+
+    name: str
+    job: str
+    spec: str
+    tz: str
+    next_fire_at: datetime | None
+    waiting_fire_at: datetime | None
+    missed: int
+    paused_at: str | None
+    paused_by: str | None
+    last_fire_at: datetime | None
+    last_run_id: int | None
+
+
+@dataclass(frozen=True)
+class FiringRow:
+    schedule: str
+    fire_at: datetime
+    state: str  # submitted, skipped, waiting, none, failed
+    run_id: int | None
+    error: str | None
+    attempts: int
+    actor: str | None
+    recorded_at: str
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One firing, recorded in one transaction with the schedule's next fire time.
+
+    ``advance``: a planned firing, ``(expected, next)``: written only if the schedule's
+    ``next_fire_at`` is still ``expected`` (it becomes ``next``), so two sweepers never record
+    one firing twice. ``from_waiting``: the firing that waited (overlap ``wait``), written only
+    if it still waits. Neither: by hand (``schedule fire``, ``backfill``), once per time.
+    ``run``: None when the schedule's function returned None."""
+
+    schedule: str
+    job: str
+    fire_at: datetime
+    actor: str
+    run: NewRun | None
+    overlap: str = "allow"
+    advance: tuple[datetime, datetime] | None = None
+    missed: int = 0  # planned firings passed over before this one (counted on the schedule)
+    from_waiting: bool = False
+
+
+@dataclass(frozen=True)
+class Fired:
+    """What a firing did: ``submitted`` (``run_id``; ``created`` False when its key named a
+    run already), ``skipped`` or ``waiting`` (``run_id``: the open run), ``none``, ``raced``
+    (another sweeper recorded it: nothing written) or ``recorded`` (recorded before, as
+    ``was``: nothing written)."""
+
+    state: str
+    run_id: int | None = None
+    created: bool = False
+    was: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadlineRow:
+    """An open run past its deadline or inside its warning."""
+
+    run_id: int
+    job: str
+    key: str
+    deadline_at: datetime
+    warn_at: datetime | None
+    left: int  # units not yet terminal
+    total: int
+
+
 # -- the port -----------------------------------------------------------------------------------
 
 
@@ -540,4 +640,20 @@ class Store(Protocol):
     def counts_prune(self, run_id: int) -> None: ...
     def runs_orphaned(self) -> list[int]: ...
     def runs_unclosed(self, run_ids: Sequence[int]) -> list[int]: ...
+
+    # schedules and deadlines (migration 0014)
+    def db_now(self) -> datetime: ...  # the database's clock, which times every firing
+    def schedules_declare(self, decls: Sequence[ScheduleDecl]) -> None: ...
+    def schedules_all(self) -> list[ScheduleRow]: ...
+    def schedule_fire(self, firing: Firing) -> Fired: ...
+    def schedule_advance(self, name: str, expected: datetime, next_at: datetime,
+                         missed: int) -> bool: ...  # passed over, nothing fired
+    def schedule_firing_failed(self, name: str, fire_at: datetime, error: str,
+                               actor: str) -> None: ...
+    def schedule_open_run(self, name: str, job: str) -> int | None: ...
+    def schedule_set_paused(self, name: str, paused: bool, actor: str) -> bool: ...
+    def firings_list(self, name: str, limit: int) -> list[FiringRow]: ...
+    def firings_failed(self, limit: int) -> list[FiringRow]: ...
+    def runs_mark_deadline_missed(self, actor: str, limit: int) -> list[int]: ...
+    def runs_deadlines(self, limit: int) -> tuple[datetime, list[DeadlineRow]]: ...
 

@@ -507,6 +507,14 @@ class PostgresStore(LedgerStore[Conn]):
         """UTC, fixed width, so the strings sort like the times they name."""
         return value.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")
 
+    @staticmethod
+    def _at(value: datetime) -> datetime:
+        return value
+
+    @staticmethod
+    def _time(value: datetime | None) -> datetime | None:
+        return None if value is None else value.astimezone(UTC)
+
 
 # -- helpers ---------------------------------------------------------------------------------
 

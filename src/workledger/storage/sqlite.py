@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -444,3 +445,14 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     @staticmethod
     def _ts_req(value: str) -> str:
         return value + "000+00:00" if len(value) == 23 else value
+
+    @staticmethod
+    def _at(value: datetime) -> str:
+        """The column's own form, UTC text to the millisecond, so that equal times compare
+        equal as text."""
+        utc = value.astimezone(UTC)
+        return f"{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}"
+
+    @staticmethod
+    def _time(value: str | None) -> datetime | None:
+        return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)

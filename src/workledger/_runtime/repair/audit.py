@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from workledger._runtime.repair.operations import ACKNOWLEDGED
@@ -232,7 +233,9 @@ def _positioned(store: Store, jobs: Mapping[str, Job], where: AuditFilter, start
         lambda after: _expired(store, runs, where, after),
         lambda after: _attention(store, runs, where, after),
         lambda after: _by_run(_unclosed(store, jobs), after),
-        lambda after: _by_run(_drift(store, jobs, where), after)]
+        lambda after: _by_run(_drift(store, jobs, where), after),
+        lambda after: _by_run(_deadlines(store), after),
+        lambda after: _firings_failed(store, after)]
     for number, section in enumerate(sections):
         if number < start[0]:
             continue
@@ -348,6 +351,54 @@ def _drift(store: Store, jobs: Mapping[str, Job], where: AuditFilter) -> Iterato
             text = ", ".join(f"{k}: stored {a} vs ledger {b}" for k, (a, b) in diff.items())
             yield Finding("projection_drift", run.id, str(run.created_at),
                           f"workledger reconcile {run.id}", False, detail=text)
+
+
+def _stamp(t: datetime) -> str:
+    """A time the way the ledger's other times read (UTC, to the microsecond)."""
+    return t.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")
+
+
+def _late(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _deadlines(store: Store) -> Iterator[Finding]:
+    """Open runs past their deadline (a person: exit 1), and those inside its warning."""
+    now, rows = store.runs_deadlines(PAGE)
+    for d in rows:
+        left = f"{d.left:,} of {d.total:,} units left"
+        if d.deadline_at <= now:
+            late = (now - d.deadline_at).total_seconds()
+            yield Finding("deadline_missed", d.run_id, _stamp(d.deadline_at),
+                          f"a person: the run is {_late(late)} past its deadline; workledger "
+                          f"status {d.run_id} says what holds it", True,
+                          detail=f"{_late(late)} late, {left}")
+        else:
+            early = (d.deadline_at - now).total_seconds()
+            yield Finding("deadline_near", d.run_id, _stamp(d.warn_at or d.deadline_at),
+                          f"workers: the deadline is in {_late(early)}", False,
+                          detail=f"due in {_late(early)}, {left}")
+
+
+def _firings_failed(store: Store, after: int) -> list[tuple[int, Finding]]:
+    """Firings whose schedule function raised (run 0: no run was made)."""
+    found = []
+    for number, f in enumerate(store.firings_failed(PAGE), start=1):
+        if number <= after:
+            continue
+        found.append((number, Finding(
+            "firing_failed", 0, _stamp(f.fire_at),
+            "sweeper: tries it again each pass within the catch-up window; after it, a person: "
+            f"fix the function, then workledger schedule backfill {f.schedule} --from "
+            f"{f.fire_at.isoformat()} --to {f.fire_at.isoformat()}", True,
+            detail=f"schedule {f.schedule}, firing {f.fire_at.isoformat()}, {f.attempts} "
+                   f"tries: {f.error}")))
+    return found
 
 
 def _runs(store: Store, where: AuditFilter) -> Iterator[RunRow]:

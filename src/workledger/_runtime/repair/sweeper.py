@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from workledger._runtime.handlers.execute import (
     view_of,
 )
 from workledger._runtime.renewal import Renewal
+from workledger._runtime.repair.calendar import Firer
 from workledger.core import writes
 from workledger.core.outcomes import Failed, Outcome, Processed
 from workledger.core.states import (
@@ -113,6 +115,9 @@ class SweepReport:
     closing_failed: int = 0
     deferred: int = 0  # deferred runs taken and decomposed (_runtime/deferred.py)
     redispatched: int = 0  # items whose messages were overdue, published again (a broker)
+    fired: int = 0  # schedules' firings recorded with a run (repair/calendar.py)
+    firing_failures: int = 0  # firings whose schedule function raised
+    deadlines_missed: int = 0  # runs noted as past their deadline by this pass
 
 
 class Sweeper:
@@ -144,9 +149,11 @@ class Sweeper:
         self.rng = rng or random.Random()
         self.holder: str | None = None  # the worker's holder, when it runs in a worker
         self._overruns: list[threading.Thread] = []  # closing hooks past their time limit
+        self.firer = Firer(store, self.jobs, actor)  # the jobs' schedules and deadlines
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
+        self._fire(report)  # first: the runs it records are decomposed by this pass
         self._redecompose(report)
         self._expired_leases(report)
         self._verify_unknown(report)
@@ -154,6 +161,23 @@ class Sweeper:
         if self.redispatch is not None:  # last: what this pass made pending goes out now
             report.redispatched = self.redispatch()
         return report
+
+    def fire(self) -> SweepReport:
+        """Only the schedules that are due (and the runs they record, decomposed at once): what
+        a worker's sweeper does between its passes when a firing comes first."""
+        report = SweepReport()
+        self._fire(report)
+        if report.fired:
+            taken, failed = take_deferred(self.store, self.jobs, self.actor)
+            report.deferred += taken
+            report.decomposition_errors += failed
+        return report
+
+    def _fire(self, report: SweepReport) -> None:
+        fired = self.firer.fire_due()
+        report.fired += fired.submitted
+        report.firing_failures += fired.failed
+        report.deadlines_missed += fired.deadlines_missed
 
     # -- runs never decomposed ---------------------------------------------------------------
 
@@ -407,6 +431,10 @@ def verdict_settle(job: Job, item: ItemRow, answer: Any) -> Settle:
                   detail=detail)
 
 
+FIRE_SLACK = 0.02  # seconds: a firing's pass starts this long after its time
+FIRE_RETRY = 1.0  # seconds before a firing still due (its function raised) is tried again
+
+
 class SweepLoop:
     """A worker's periodic sweeper: in a thread of its own, off the claim loop, so a slow hook
     never delays claims or heartbeats; and only while this process leads the sweeping of its
@@ -425,13 +453,18 @@ class SweepLoop:
 
     def __init__(self, sweeper: Sweeper, store: Store, every: float,
                  on_swept: Callable[[SweepReport], None],
-                 quiet: Callable[[], bool] = lambda: False) -> None:
+                 quiet: Callable[[], bool] = lambda: False, *, only_fire: bool = False) -> None:
         self.sweeper = sweeper
         self.store = store
         self.every = every
         self.on_swept = on_swept
         self.quiet = quiet
         self.scope = ",".join(sorted(sweeper.jobs))  # the sweeper lock is per set of jobs
+        # only the schedules (``serve``): a lock of their own, so that such a process never
+        # takes the sweeping of its jobs from their workers (a firing is safe twice over)
+        self.only_fire = only_fire
+        if only_fire:
+            self.scope = "@schedules:" + self.scope
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         self._seen: set[tuple[object, ...]] = set()
@@ -452,19 +485,34 @@ class SweepLoop:
         self.store.unlead()
 
     def _run(self) -> None:
+        full_at = time.monotonic() + self.every if self.only_fire else 0.0
         while not self._stop.is_set():
-            self.sweep_once()
-            self._stop.wait(self.every)
+            if time.monotonic() >= full_at and not self.only_fire:
+                self.sweep_once()
+                full_at = time.monotonic() + self.every
+            else:  # a schedule's firing comes before the next full pass
+                self.sweep_once(fire_only=True)
+            if self.only_fire and time.monotonic() >= full_at:
+                full_at = time.monotonic() + self.every
+            wait = full_at - time.monotonic()
+            due = self.sweeper.firer.next_due
+            if due is not None:
+                wait = min(wait, due + FIRE_SLACK if due > 0 else FIRE_RETRY)
+            self._stop.wait(max(wait, FIRE_SLACK))
 
-    def sweep_once(self) -> bool:
+    def sweep_once(self, fire_only: bool = False) -> bool:
         """One pass now, if this process leads (or the leader left work waiting); False if it
-        did not sweep (or the pass failed)."""
+        did not sweep (or the pass failed). ``fire_only``: only the schedules that are due."""
         with self._mutex:
             try:
                 if self.quiet():
                     return False
-                if not (self.store.lead(self.scope) or self._leader_is_stuck()):
+                if not (self.store.lead(self.scope) or (
+                        not fire_only and self._leader_is_stuck())):
                     return False
+                if fire_only:
+                    self.on_swept(self.sweeper.fire())
+                    return True
                 self._seen = set()
                 report = self.sweeper.sweep()
                 log.debug("sweep pass: %s", ", ".join(
@@ -488,6 +536,11 @@ class SweepLoop:
             self.sweeper.grace, self.sweeper.backoff) if r.job in self.sweeper.jobs}
         waiting |= {("verify", i.id) for i in self.store.items_attention([_UNKNOWN], 10)
                     if i.error == AWAITING_VERIFY}
+        if self.sweeper.firer.schedules:  # firings due and not recorded
+            now = self.store.db_now()
+            waiting |= {("fire", r.name, r.next_fire_at) for r in self.store.schedules_all()
+                        if r.paused_at is None and r.next_fire_at is not None
+                        and r.next_fire_at <= now}
         if self.sweeper.redispatch is not None:  # with a broker: messages overdue
             for run_id, _job in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:
                 waiting |= {("owed", run_id, stage, seq)

@@ -839,3 +839,110 @@ WHERE run_id = %(run_id)s AND state = 'pending' AND redispatch_at IS NOT NULL
   AND (not_before IS NULL OR not_before <= now())
   AND stage <> '@close'
 ORDER BY redispatch_at LIMIT %(limit)s;
+
+-- == schedules and deadlines (migration 0014; docs/design.md, "Schedules and deadlines") ======
+
+-- name: db_now
+SELECT now() AS now;
+
+-- name: schedule_declare
+-- A new schedule starts at its first planned time after now; a changed spec, time zone or job
+-- starts again from now; an unchanged declaration keeps where it is (a restart catches up).
+INSERT INTO wl_schedules (name, job, spec, tz, next_fire_at)
+VALUES (%(name)s, %(job)s, %(spec)s, %(tz)s, %(next_at)s::timestamptz)
+ON CONFLICT (name) DO UPDATE SET job = excluded.job, spec = excluded.spec, tz = excluded.tz,
+    next_fire_at = excluded.next_fire_at, waiting_fire_at = NULL, updated_at = now()
+WHERE wl_schedules.spec <> excluded.spec OR wl_schedules.tz <> excluded.tz
+   OR wl_schedules.job <> excluded.job;
+
+-- name: schedules_all
+SELECT s.name, s.job, s.spec, s.tz, s.next_fire_at, s.waiting_fire_at, s.missed, s.paused_at,
+       s.paused_by,
+       (SELECT max(f.fire_at) FROM wl_firings AS f WHERE f.schedule = s.name) AS last_fire_at,
+       (SELECT f.run_id FROM wl_firings AS f WHERE f.schedule = s.name AND f.state = 'submitted'
+        ORDER BY f.fire_at DESC LIMIT 1) AS last_run_id
+FROM wl_schedules AS s ORDER BY s.name;
+
+-- name: schedule_advance
+-- The compare-and-set of a planned firing: only the sweeper that finds next_fire_at where it
+-- read it moves it on, in the transaction that records the firing (a second sweeper's UPDATE
+-- waits for the first one's row lock and then finds another value).
+UPDATE wl_schedules SET next_fire_at = %(next_at)s::timestamptz, missed = missed + %(missed)s,
+    updated_at = now()
+WHERE name = %(name)s AND next_fire_at = %(expected)s::timestamptz AND paused_at IS NULL;
+
+-- name: schedule_take_waiting
+UPDATE wl_schedules SET waiting_fire_at = NULL, updated_at = now()
+WHERE name = %(name)s AND waiting_fire_at = %(expected)s::timestamptz AND paused_at IS NULL;
+
+-- name: schedule_wait
+UPDATE wl_schedules SET waiting_fire_at = %(fire_at)s::timestamptz
+WHERE name = %(name)s AND waiting_fire_at IS NULL;
+
+-- name: schedule_open_run
+-- An earlier run of the schedule that is not complete: among its job's open runs only.
+SELECT r.id FROM wl_runs AS r
+JOIN wl_firings AS f ON f.run_id = r.id AND f.schedule = %(name)s AND f.state = 'submitted'
+WHERE r.job = %(job)s AND r.completed_at IS NULL AND r.cancelled_at IS NULL
+ORDER BY r.id LIMIT 1;
+
+-- name: firing_get
+SELECT schedule, fire_at, state, run_id, error, attempts, actor, recorded_at
+FROM wl_firings WHERE schedule = %(name)s AND fire_at = %(fire_at)s::timestamptz;
+
+-- name: firing_record
+-- A firing is recorded once; only a failed one (tried again) or a waiting one (its run now
+-- submitted) is written over.
+INSERT INTO wl_firings (schedule, fire_at, state, run_id, error, attempts, actor)
+VALUES (%(name)s, %(fire_at)s::timestamptz, %(state)s, %(run_id)s, %(error)s, 1, %(actor)s)
+ON CONFLICT (schedule, fire_at) DO UPDATE SET state = excluded.state, run_id = excluded.run_id,
+    error = excluded.error, actor = excluded.actor,
+    attempts = wl_firings.attempts + (CASE WHEN wl_firings.state = 'failed' THEN 1 ELSE 0 END),
+    recorded_at = now()
+WHERE wl_firings.state IN ('failed', 'waiting');
+
+-- name: firings_list
+SELECT schedule, fire_at, state, run_id, error, attempts, actor, recorded_at
+FROM wl_firings WHERE schedule = %(name)s ORDER BY fire_at DESC LIMIT %(limit)s;
+
+-- name: firings_failed
+SELECT schedule, fire_at, state, run_id, error, attempts, actor, recorded_at
+FROM wl_firings WHERE state = 'failed' ORDER BY schedule, fire_at LIMIT %(limit)s;
+
+-- name: schedule_pause
+UPDATE wl_schedules SET paused_at = now(), paused_by = %(actor)s, updated_at = now()
+WHERE name = %(name)s AND paused_at IS NULL;
+
+-- name: schedule_resume
+UPDATE wl_schedules SET paused_at = NULL, paused_by = %(actor)s, updated_at = now()
+WHERE name = %(name)s AND paused_at IS NOT NULL;
+
+-- name: run_set_deadline
+-- A deadline given as a time (deadline_at) or as seconds after submission (deadline_in); the
+-- warning starts warn_before seconds (NULL: no warning) before it.
+UPDATE wl_runs SET
+    deadline_at = COALESCE(%(deadline_at)s::timestamptz,
+                           created_at + make_interval(secs => %(deadline_in)s::float8)),
+    warn_at = COALESCE(%(deadline_at)s::timestamptz,
+                       created_at + make_interval(secs => %(deadline_in)s::float8))
+              - make_interval(secs => %(warn_before)s::float8)
+WHERE id = %(run_id)s;
+
+-- name: runs_mark_deadline_missed
+-- Open runs past their deadline not yet noted: noted once (an event each, same transaction).
+UPDATE wl_runs SET deadline_missed_at = now()
+WHERE id IN (SELECT id FROM wl_runs
+             WHERE deadline_at IS NOT NULL AND completed_at IS NULL AND cancelled_at IS NULL
+               AND deadline_missed_at IS NULL AND deadline_at < now()
+             ORDER BY deadline_at LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED)
+RETURNING id, job, idempotency_key, deadline_at, total, processed, failed, skipped;
+
+-- name: runs_deadlines
+-- Open runs past their deadline or inside its warning, with the database's now.
+SELECT id, job, idempotency_key, deadline_at, warn_at, total, processed, failed, skipped,
+       now() AS now
+FROM wl_runs
+WHERE deadline_at IS NOT NULL AND completed_at IS NULL AND cancelled_at IS NULL
+  AND (deadline_at <= now() OR warn_at <= now())
+ORDER BY deadline_at LIMIT %(limit)s;

@@ -13,6 +13,18 @@ CREATE TABLE wl_events (
     detail TEXT
 );
 
+CREATE TABLE wl_firings (
+    schedule TEXT NOT NULL,
+    fire_at TEXT NOT NULL,
+    state TEXT NOT NULL,
+    run_id INTEGER,
+    error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    actor TEXT,
+    recorded_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    PRIMARY KEY (schedule, fire_at)
+);
+
 CREATE TABLE wl_items (
     id INTEGER PRIMARY KEY,
     run_id INTEGER NOT NULL,
@@ -56,7 +68,24 @@ CREATE TABLE wl_runs (
     tolerate REAL,
     deferred_at TEXT,
     closing INTEGER,
+    deadline_at TEXT,
+    warn_at TEXT,
+    deadline_missed_at TEXT,
     UNIQUE (job, idempotency_key)
+);
+
+CREATE TABLE wl_schedules (
+    name TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    tz TEXT NOT NULL,
+    next_fire_at TEXT,
+    waiting_fire_at TEXT,
+    missed INTEGER NOT NULL DEFAULT 0,
+    paused_at TEXT,
+    paused_by TEXT,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
 );
 
 CREATE TABLE wl_schema_version (
@@ -92,6 +121,10 @@ CREATE TABLE wl_stage_limits (
 
 CREATE INDEX wl_events_run_item ON wl_events (run_id, item_id);
 
+CREATE INDEX wl_firings_failed ON wl_firings (schedule, fire_at) WHERE state = 'failed';
+
+CREATE INDEX wl_firings_run ON wl_firings (run_id) WHERE run_id IS NOT NULL;
+
 CREATE INDEX wl_items_attention ON wl_items (state, id) WHERE state IN ('failed', 'unknown');
 
 CREATE INDEX wl_items_claimable ON wl_items (run_id, id) WHERE state = 'pending';
@@ -103,6 +136,8 @@ CREATE INDEX wl_items_owed ON wl_items (run_id, redispatch_at) WHERE state = 'pe
 CREATE INDEX wl_items_stage_claimable ON wl_items (run_id, stage, id) WHERE state = 'pending';
 
 CREATE INDEX wl_items_waiting ON wl_items (run_id, not_before) WHERE state = 'pending' AND not_before IS NOT NULL;
+
+CREATE INDEX wl_runs_deadline ON wl_runs (deadline_at) WHERE deadline_at IS NOT NULL AND completed_at IS NULL;
 
 CREATE INDEX wl_runs_deferred ON wl_runs (id) WHERE deferred_at IS NOT NULL;
 
