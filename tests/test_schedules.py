@@ -339,7 +339,7 @@ def test_the_cli_lists_pauses_fires_and_backfills_and_refuses_bad_input(
           "--to", "2026-01-02T00:00Z"), "--yes"),
         (("schedule", "backfill", "ticks", "--from", "2026-01-01", "--to", "2026-01-02"),
          "time zone"),
-        (("submit", "tick", "--deadline", "tomorrow"), "--deadline"),
+        (("submit", "tick", "--deadline", "tomorrow"), "deadline 'tomorrow'"),
     ]:
         done = _cli(db_url, *bad)
         assert done.returncode == 2, (bad, done.stdout, done.stderr)
@@ -422,9 +422,13 @@ def test_the_api_and_the_dashboard_show_and_act_on_schedules_and_deadlines(db_ur
         assert bad.status_code == 400
         assert client.post("/api/schedules/nope/pause").status_code == 404
         late = ledger.submit("tick", {"n": 1}, key="late", deadline="1s")
+        by_http = client.post("/api/jobs/tick/runs?deadline=1s", json={"n": 2},
+                              headers={"Idempotency-Key": "late-too"})
+        assert by_http.status_code == 201
+        assert client.post("/api/jobs/tick/runs?deadline=soon", json={"n": 3}).status_code == 400
         time.sleep(1.2)
         metrics = client.get("/metrics").text
-        assert 'workledger_runs_past_deadline{job="tick"} 1.0' in metrics
+        assert 'workledger_runs_past_deadline{job="tick"} 2.0' in metrics
         page = client.get("/schedules")
         assert page.status_code == 200 and "deadline missed" in page.text
         assert f'/runs/{late.run_id}' in page.text and "0 6 25 * *" in page.text

@@ -79,7 +79,8 @@ __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TA
            "DeadlineRow", "Fired", "FiringRow", "PruneReport", "ReasonGroup", "RunStatus",
            "RunsPage", "ScheduleStatus", "Submission", "SweepLoop", "SweepReport",
            "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
-           "mask_secrets", "masked_url", "open_private", "parse_duration", "same_database",
+           "mask_secrets", "masked_url", "open_private", "parse_deadline", "parse_duration",
+           "same_database",
            "since_time", "url_secrets", "visible"]
 
 # the states' words come from their enums in core (ITEM_STATES, RUN_STATES: every state
@@ -733,6 +734,19 @@ def open_private(path: str | os.PathLike[str]) -> TextIO:
     (``0600``, whatever the umask): an export holds payloads and results."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def parse_deadline(text: str | None) -> str | datetime | None:
+    """A deadline as a person types it (``submit --deadline``, ``?deadline=``), as ``submit``
+    takes it: a duration (``2h``) stays text, an ISO 8601 time becomes a datetime (its zone is
+    checked by ``submit``). :class:`~workledger.errors.BadInput` for anything else."""
+    if text is None or durations.seconds_of(text) is not None:
+        return text
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(f"deadline {text!r}: expected a duration (2h, 90m) or an ISO 8601 time "
+                       "with its zone (2026-01-25T18:00+01:00)") from None
 
 
 def parse_duration(text: str) -> float:

@@ -9,14 +9,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
 
-from workledger.api import RunStatus, Worker, WorkReport, limits, parse_duration, url_secrets
+from workledger.api import RunStatus, Worker, WorkReport, limits, parse_deadline, url_secrets
 from workledger.cli import logs
 from workledger.cli.output import Seconds, echo_json, one_line, show
 from workledger.cli.settings import Settings
@@ -113,7 +112,7 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         raise UnknownJob(f"unknown job {job!r}: no app loaded "
                          "(pass --app module:attribute or set WORKLEDGER_APP)")
     try:
-        sub = ledger.submit(job, value, key=key, deadline=_deadline(deadline))
+        sub = ledger.submit(job, value, key=key, deadline=parse_deadline(deadline))
     except DecompositionFailed as exc:
         if as_json and exc.status is not None:
             echo_json(submission_dict(exc.run_id, True, exc.status))
@@ -123,22 +122,6 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         echo_json(submission_dict(sub.run_id, sub.created, sub.status))
     else:
         click.echo(submission_line(sub.created, sub.status, sub.resumed))
-
-
-def _deadline(text: str | None) -> str | datetime | None:
-    """--deadline as the facade takes it: a duration stays text, a time becomes a datetime."""
-    if text is None:
-        return None
-    try:
-        parse_duration(text)
-        return text
-    except BadInput:
-        pass
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise BadInput(f"--deadline {text!r}: expected a duration (2h, 90m) or an ISO 8601 "
-                       "time with its zone (2026-01-25T18:00+01:00)") from None
 
 
 # -- worker ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from workledger.api import Ledger, open_private, parse_duration, since_time
+from workledger.api import Ledger, open_private, parse_deadline, parse_duration, since_time
 from workledger.errors import BadInput, DecompositionFailed, UsageError
 from workledger.http.auth import OPEN_ACTOR
 from workledger.http.errors import ERROR_RESPONSES, error_json
@@ -105,11 +105,15 @@ def get_item(request: Request, run_id: RunId, stage: str, seq: Seq) -> Any:
                               "description": "the key names an existing run: its real state"}})
 def submit(request: Request, job: str,
            payload: Annotated[dict[str, Any] | None, Body()] = None,
-           idempotency_key: Annotated[str | None, Header()] = None) -> Any:
+           idempotency_key: Annotated[str | None, Header()] = None,
+           deadline: Annotated[str | None, Query(
+               description="a duration after submission (2h) or an ISO 8601 time with its "
+                           "zone by which the run should be complete")] = None) -> Any:
     ledger = ledger_of(request)
     ledger.job_named(job)
     try:
-        sub = ledger.submit(job, payload or {}, key=idempotency_key or None)
+        sub = ledger.submit(job, payload or {}, key=idempotency_key or None,
+                            deadline=parse_deadline(deadline))
     except DecompositionFailed as exc:  # recorded, nothing dispatched: its status says why
         if exc.status is None:
             raise
