@@ -174,6 +174,10 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
         common.failpoint("decompose.before_mark")
         with self._tx() as conn:
+            # The run row first, then the recount in a statement of its own: an UPDATE that
+            # waited for the row (a cancel, a batch) would otherwise write the counts of the
+            # snapshot it took before the wait (PostgreSQL, READ COMMITTED).
+            conn.execute(self.Q["run_lock"], {"run_id": run_id}).fetchone()
             row = conn.execute(self.Q["run_mark_decomposed"],
                                {"run_id": run_id, "stage": first_stage}).fetchone()
             if row is None:
