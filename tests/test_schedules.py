@@ -164,6 +164,105 @@ def test_a_function_that_raises_is_recorded_failed_and_tried_again_at_the_next_p
         assert [f.kind for f in ledger.audit()] == []
 
 
+def test_a_key_submit_would_refuse_is_a_failed_firing_and_not_a_stuck_pass(db_url: str) -> None:
+    ledger = Ledger(db_url)
+    job = ledger.job("tick")
+
+    @job.decompose
+    def split(payload: dict[str, Any]) -> Iterator[Item]:
+        yield Item(key="a")
+
+    @job.stage("work", idempotent=True)
+    def work(item: Any, ctx: Any) -> None:
+        return None
+
+    @job.schedule("every 1s", overlap="allow")
+    def ticks(fire: datetime) -> tuple[dict[str, Any], str]:
+        return {}, "k" * 5000
+
+    with ledger:
+        ledger.sweep()
+        due = _until_due(ledger)
+        assert ledger.sweep().firing_failures == 1
+        [firing] = ledger.store.firings_list("ticks", 10)
+        assert (firing.fire_at, firing.state, firing.run_id) == (due, "failed", None)
+        assert "key" in (firing.error or "")
+        assert ledger.runs() == []
+
+
+def test_a_slow_function_leaves_the_rest_of_its_firings_to_the_next_pass(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workledger._runtime.repair import calendar
+
+    monkeypatch.setattr(calendar, "FIRE_BUDGET", 0.2)
+    ledger = Ledger(db_url)
+    job = ledger.job("tick")
+
+    @job.decompose
+    def split(payload: dict[str, Any]) -> Iterator[Item]:
+        yield Item(key="a")
+
+    @job.stage("work", idempotent=True)
+    def work(item: Any, ctx: Any) -> None:
+        return None
+
+    @job.schedule("every 1s", catch_up="all", overlap="allow")
+    def ticks(fire: datetime) -> dict[str, Any]:
+        time.sleep(0.3)
+        return {}
+
+    with ledger:
+        ledger.sweep()
+        _until_due(ledger)
+        time.sleep(2.1)  # three firings due
+        assert ledger.sweep().fired == 1  # the budget is spent after the first
+        assert ledger.sweep().fired == 1
+        assert ledger.sweep().fired >= 1
+        times = [t for t, state, _ in _firings(ledger) if state == "submitted"]
+        assert len(times) >= 3 and times == sorted(set(times))  # in order, none twice
+
+
+def test_a_process_on_another_declaration_leaves_the_schedule_to_the_newer_one(
+        db_url: str) -> None:
+    with _ledger(db_url, spec="every 1s", overlap="allow") as old:
+        running = old.sweeper()  # a worker's sweeper: declares at its first pass
+        running.sweep()
+        with _ledger(db_url, spec="every 2s", overlap="allow") as new:
+            new.sweep()  # a deploy: the sweeper's first pass replaces the declaration
+            [row] = new.store.schedules_all()
+            assert row.spec == "every 2s"
+            _until_due(new)
+            time.sleep(1.1)
+            assert running.sweep().fired == 0  # the old process does not fire by its old spec
+            assert running.firer.overdue() == []  # nor counts it against the leader
+            assert new.sweep().fired == 1
+            assert all(t.second % 2 == 0 for t, _, _ in _firings(new))
+            new.schedule_pause("ticks")  # the CLI/API's declaration does not replace it
+            [row] = old.store.schedules_all()
+            assert row.spec == "every 2s"
+            old.schedule_resume("ticks")  # nor does an older app's
+            assert old.store.schedules_all()[0].spec == "every 2s"
+
+
+def test_a_waiting_firing_survives_a_changed_declaration(db_url: str) -> None:
+    with _ledger(db_url, overlap="wait") as ledger:
+        ledger.sweep()
+        _until_due(ledger)
+        ledger.sweep()
+        first = _firings(ledger)[-1][2]
+        waiting_at = _until_due(ledger)
+        ledger.sweep()
+        assert _firings(ledger)[-1] == (waiting_at, "waiting", first)
+    with _ledger(db_url, spec="every 5s", overlap="wait") as changed:
+        changed.sweep()
+        [row] = changed.store.schedules_all()
+        assert (row.spec, row.waiting_fire_at) == ("every 5s", waiting_at)
+        changed.work(until_idle=True, lease=5)
+        changed.sweep()
+        state, run = {t: (s, r) for t, s, r in _firings(changed)}[waiting_at]
+        assert state == "submitted" and run not in (None, first)
+
+
 def test_a_paused_schedule_does_not_fire_and_a_resumed_one_catches_up(db_url: str) -> None:
     with _ledger(db_url, catch_up="latest", overlap="allow") as ledger:
         ledger.sweep()
@@ -192,6 +291,18 @@ def test_backfill_records_each_firing_once_and_a_repeat_adds_nothing(db_url: str
         again = ledger.schedule_backfill("ticks", start, end)
         assert [f.state for _, f in again] == ["recorded"] * 6  # type: ignore[union-attr]
         assert len(ledger.runs()) == 6
+
+
+def test_a_backfill_is_bounded_even_with_yes(db_url: str) -> None:
+    from workledger.errors import BadInput
+
+    with _ledger(db_url, spec="every 1s") as ledger:
+        start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 2, 1, tzinfo=UTC)
+        with pytest.raises(BadInput, match="--yes"):
+            ledger.schedule_backfill("ticks", start, end, dry_run=True)
+        with pytest.raises(BadInput, match="in parts"):
+            ledger.schedule_backfill("ticks", start, end, yes=True)
+        assert ledger.runs() == [] and ledger.store.firings_list("ticks", 10) == []
 
 
 def test_a_run_past_its_deadline_is_an_audit_finding_and_one_event(db_url: str) -> None:
@@ -420,6 +531,12 @@ def test_the_api_and_the_dashboard_show_and_act_on_schedules_and_deadlines(db_ur
         bad = client.post("/api/schedules/ticks/backfill",
                           json={"from": "2025-04-01T00:00Z", "to": "2025-01-01T00:00Z"})
         assert bad.status_code == 400
+        runs = len(ledger.runs())
+        huge = client.post("/api/schedules/ticks/backfill",  # bounded even when asked for more
+                           json={"from": "1000-01-01T00:00Z", "to": "2025-01-01T00:00Z",
+                                 "yes": True})
+        assert huge.status_code == 400 and "10,000" in huge.json()["error"]
+        assert len(ledger.runs()) == runs
         assert client.post("/api/schedules/nope/pause").status_code == 404
         late = ledger.submit("tick", {"n": 1}, key="late", deadline="1s")
         by_http = client.post("/api/jobs/tick/runs?deadline=1s", json={"n": 2},

@@ -117,6 +117,48 @@ def test_firings_older_than_the_window_are_missed_whatever_the_rule() -> None:
     assert got.steps[0].missed == 48
 
 
+@pytest.mark.parametrize("spec", ["every 1s", "* * * * *"])
+def test_latest_after_a_long_downtime_jumps_to_the_last_time_without_walking_them_all(
+        spec: str) -> None:
+    s = declare(_fn, "j", spec)
+    walked = []
+
+    def times(t: datetime):  # type: ignore[no-untyped-def]
+        for x in s.times_from(t):
+            walked.append(x)
+            yield x
+
+    now = utc(2026, 1, 1, 0, 0, 30, 500)
+    start = now - timedelta(days=300)
+    got = plan(start, now, times, "latest", 366 * 86400, last=s.last_at_or_before)
+    last = utc(2026, 1, 1, 0, 0, 30) if spec == "every 1s" else utc(2026, 1, 1)
+    [step] = got.steps
+    assert (step.fire_at, step.expected) == (last, start)
+    assert step.next_at == s.next_after(now) and step.missed >= 100_000
+    assert len(walked) <= 100_002  # not 26 million seconds
+    none = plan(start, now, times, "none", 366 * 86400, last=s.last_at_or_before)
+    assert none.steps == () and none.skip_to == s.next_after(now)
+
+
+def test_the_last_planned_time_at_or_before_a_moment() -> None:
+    cron = declare(_fn, "j", "0 6 25 * *", tz="Europe/Berlin")
+    assert cron.last_at_or_before(utc(2026, 12, 25, 5)) == utc(2026, 12, 25, 5)
+    assert cron.last_at_or_before(utc(2026, 12, 25, 4, 59)) == utc(2026, 11, 25, 5)
+    every = declare(_fn, "j", "every 10s")
+    assert every.last_at_or_before(utc(2026, 1, 1, 0, 0, 19)) == utc(2026, 1, 1, 0, 0, 10)
+
+
+def test_a_key_submit_would_refuse_is_refused_by_the_schedule_too() -> None:
+    from workledger.errors import BadInput
+
+    s = declare(lambda fire: ({"a": 1}, "k" * 10_000), "j", "every 1s")
+    with pytest.raises(BadInput, match="key"):
+        s.call(utc(2026, 1, 1))
+    bad = declare(lambda fire: ({"a": 1}, "bad\x00key"), "j", "every 1s")
+    with pytest.raises(BadInput):
+        bad.call(utc(2026, 1, 1))
+
+
 def test_nothing_is_due_before_the_next_fire_time() -> None:
     got = plan(utc(2026, 1, 1, 11), utc(2026, 1, 1, 10), _times("every 1h"), "all", 86400)
     assert got.steps == () and got.skip_to is None
@@ -132,6 +174,10 @@ def test_nothing_is_due_before_the_next_fire_time() -> None:
     ({"spec": "every 1s", "catch_up": "some"}, "catch_up"),
     ({"spec": "every 1s", "overlap": "queue"}, "overlap"),
     ({"spec": "every 1s", "catch_up_window": "forever"}, "catch_up_window"),
+    ({"spec": "every 367d"}, "spec"),
+    ({"spec": "every 99999999999999d"}, "spec"),
+    ({"spec": "every 1s", "catch_up_window": "400d"}, "catch_up_window"),
+    ({"spec": "every 1s", "catch_up_window": "0s"}, "catch_up_window"),
 ])
 def test_a_declaration_the_parser_or_the_rules_refuse_names_its_field(
         kwargs: dict[str, str], field: str) -> None:

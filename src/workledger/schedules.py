@@ -21,14 +21,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from workledger.core.durations import BadDuration, parse_duration
-from workledger.core.limits import NAME_BYTES, text_problem
-from workledger.errors import UsageError
+from workledger.core.limits import KEY_BYTES, NAME_BYTES, text_problem
+from workledger.errors import BadInput, UsageError
 
 CATCH_UP = ("all", "latest", "none")
 OVERLAP = ("skip", "allow", "wait")
 _EVERY = re.compile(r"^\s*every\s+(\d+)\s*([smhd])\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TICK = timedelta(microseconds=1)
+LONGEST = 366 * 86400  # seconds: the longest "every" interval and catch-up window declared
 
 # what a schedule's function returns: a payload, (payload, key), or None (no run this time)
 ScheduleFn = Callable[[datetime], Any]
@@ -68,6 +69,14 @@ class Schedule:
         else:
             yield from CronSim(self.spec, (start - _TICK).astimezone(zone))
 
+    def last_at_or_before(self, moment: datetime) -> datetime:
+        """The last planned time at or before ``moment`` (what catch_up "latest" wants after a
+        long downtime, without walking every time in between)."""
+        if self.every is not None:
+            t = int(moment.timestamp() // self.every) * self.every
+            return datetime.fromtimestamp(t, UTC).astimezone(self.zone)
+        return next(CronSim(self.spec, (moment + _TICK).astimezone(self.zone), reverse=True))
+
     def next_after(self, moment: datetime) -> datetime:
         """The first planned time strictly after ``moment``."""
         return next(self.times_from(moment + _TICK))
@@ -77,7 +86,8 @@ class Schedule:
         return f"{self.name}@{fire.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
     def call(self, fire: datetime) -> tuple[Any, str] | None:
-        """What the function asks for this firing: ``(payload, key)``, or None (no run)."""
+        """What the function asks for this firing: ``(payload, key)``, or None (no run). A key
+        ``submit`` would refuse is refused here too (:class:`BadInput`)."""
         answer = self.fn(fire.astimezone(self.zone))
         if answer is None:
             return None
@@ -86,8 +96,17 @@ class Schedule:
                 raise UsageError(f"schedule {self.name!r}: its function returned a tuple of "
                                  f"{len(answer)}; return a payload, (payload, key), or None")
             payload, key = answer
-            return payload, (self.default_key(fire) if key is None else str(key))
-        return answer, self.default_key(fire)
+            key = self.default_key(fire) if key is None else str(key)
+        else:
+            payload, key = answer, self.default_key(fire)
+        problem = text_problem("key", key, KEY_BYTES)
+        if problem is not None:
+            raise BadInput(f"schedule {self.name!r}: {problem}")
+        return payload, key
+
+    def same_as(self, spec: str, tz: str) -> bool:
+        """Whether a recorded schedule is this declaration (its spec and time zone)."""
+        return (spec, tz) == (self.spec, self.tz)
 
 
 def declare(fn: ScheduleFn, job: str, spec: str, *, tz: str = "UTC", catch_up: str = "latest",
@@ -112,6 +131,9 @@ def declare(fn: ScheduleFn, job: str, spec: str, *, tz: str = "UTC", catch_up: s
         window = parse_duration(catch_up_window)
     except BadDuration as exc:
         raise UsageError(f"{what}: catch_up_window: {exc}") from None
+    if not 0 < window <= LONGEST:
+        raise UsageError(f"{what}: catch_up_window: above 0 and at most 366d, "
+                         f"not {catch_up_window!r}")
     if not isinstance(tz, str):
         raise UsageError(f"{what}: tz must be a time zone name like 'Europe/Berlin', "
                          f"not {tz!r}")
@@ -136,8 +158,9 @@ def _every(spec: object, what: str) -> int | None:
                              "a unit: every 30s, every 5m, every 2h, every 1d")
         return None
     seconds = int(found.group(1)) * _UNIT[found.group(2).lower()]
-    if seconds <= 0:
-        raise UsageError(f"{what}: spec {spec!r}: the interval must be above 0")
+    if not 0 < seconds <= LONGEST:
+        raise UsageError(f"{what}: spec {spec!r}: the interval must be above 0 and at most "
+                         "366 days")
     return seconds
 
 

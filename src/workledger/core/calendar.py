@@ -43,9 +43,11 @@ class Plan:
 
 
 def plan(next_at: datetime, now: datetime, times: Callable[[datetime], Iterator[datetime]],
-         catch_up: str, window: float, *, late: float = LATE,
-         per_pass: int = PER_PASS) -> Plan:
-    """``times(t)``: the planned times at or after ``t``, in order, without end."""
+         catch_up: str, window: float, *, late: float = LATE, per_pass: int = PER_PASS,
+         last: Callable[[datetime], datetime] | None = None) -> Plan:
+    """``times(t)``: the planned times at or after ``t``, in order, without end; ``last(t)``:
+    the last one at or before ``t``, so that "latest" and "none" need not walk more than
+    ``SCAN`` of them after a long downtime (the count passed over is then at least ``SCAN``)."""
     if next_at > now:
         return Plan(())
     oldest = now - timedelta(seconds=window)
@@ -59,9 +61,14 @@ def plan(next_at: datetime, now: datetime, times: Callable[[datetime], Iterator[
     due: list[datetime] = []
     passed = 0  # due firings that catch_up "latest" or "none" passes over
     upcoming = None
-    for t in times(start):
+    for seen, t in enumerate(times(start)):
         if t > now:
             upcoming = t
+            break
+        if catch_up != "all" and seen >= SCAN and last is not None:  # jump to the end
+            due = [last(now)]
+            passed = max(passed, SCAN)
+            upcoming = next(times(now + timedelta(microseconds=1)))
             break
         if catch_up != "all" and due:
             passed += 1

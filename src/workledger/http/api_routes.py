@@ -223,7 +223,7 @@ def backfill_schedule(request: Request, name: str, body: BackfillRequest) -> JSO
         except ValueError:
             raise BadInput(f"backfill: {what} {text!r} is not an ISO 8601 time") from None
     done = ledger_of(request).schedule_backfill(name, times[0], times[1], dry_run=body.dry_run,
-                                                yes=body.yes, actor=actor_of(request))
+                                                actor=actor_of(request))
     return reply({"firings": [fired_dict(name, t, f) for t, f in done]})
 
 

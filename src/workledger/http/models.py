@@ -198,4 +198,3 @@ class BackfillRequest(BaseModel):
     start: str = Field(alias="from", description="ISO 8601 with its zone; included")
     end: str = Field(alias="to", description="ISO 8601 with its zone; included")
     dry_run: bool = False
-    yes: bool = Field(default=False, description="record more than 10,000 firings")

@@ -42,11 +42,14 @@ class Calendar(Dialect[C]):
         assert found is not None
         return found
 
-    def schedules_declare(self, decls: Sequence[ScheduleDecl]) -> None:
+    def schedules_declare(self, decls: Sequence[ScheduleDecl], replace: bool) -> None:
+        """Record the declared schedules; ``replace``: a recorded one whose spec, time zone or
+        job differs takes this declaration (a sweeper's first pass), else it is kept."""
         if not decls:
             return
+        sql = self.Q["schedule_declare"] if replace else self.Q["schedule_declare_new"]
         with self._tx() as conn:
-            self._many(conn, self.Q["schedule_declare"], [
+            self._many(conn, sql, [
                 {"name": d.name, "job": d.job, "spec": d.spec, "tz": d.tz,
                  "next_at": self._at(d.next_at)} for d in decls])
 

@@ -284,8 +284,8 @@ class DelegatingStore(Store):
     def db_now(self) -> datetime:
         return self._call(self.inner.db_now)
 
-    def schedules_declare(self, decls: Sequence[ScheduleDecl]) -> None:
-        return self._call(self.inner.schedules_declare, decls)
+    def schedules_declare(self, decls: Sequence[ScheduleDecl], replace: bool) -> None:
+        return self._call(self.inner.schedules_declare, decls, replace)
 
     def schedules_all(self) -> list[ScheduleRow]:
         return self._call(self.inner.schedules_all)

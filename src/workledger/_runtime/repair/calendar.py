@@ -11,6 +11,7 @@ period impossible even by hand. The same step notes the runs that passed their d
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from workledger.storage.port import (
 log = logging.getLogger("workledger.schedules")
 
 DEADLINES_PER_PASS = 100
+FIRE_BUDGET = 2.0  # seconds of schedule functions per pass: the sweep's other steps come next
 
 
 @dataclass
@@ -70,8 +72,14 @@ def new_run(job: Job, schedule: Schedule, fire: datetime) -> NewRun | None:
 
 
 def declarations(jobs: Mapping[str, Job], now: datetime) -> list[ScheduleDecl]:
-    return [ScheduleDecl(s.name, s.job, s.spec, s.tz, s.next_after(now))
-            for job in jobs.values() for s in job.schedules]
+    found = []
+    for s in (s for job in jobs.values() for s in job.schedules):
+        try:
+            found.append(ScheduleDecl(s.name, s.job, s.spec, s.tz, s.next_after(now)))
+        except (StopIteration, ValueError, OverflowError) as exc:  # never fires again
+            log.warning("schedule %s: no planned time after %s (%s); not recorded", s.name,
+                        now.isoformat(), exc)
+    return found
 
 
 class Firer:
@@ -83,6 +91,7 @@ class Firer:
         self.actor = actor
         self.schedules = [s for job in self.jobs.values() for s in job.schedules]
         self._declared = False
+        self._other: set[str] = set()  # schedules recorded by another declaration (warned)
         self.next_due: float | None = None  # seconds from the last pass to the next firing
 
     def fire_due(self) -> FireReport:
@@ -98,26 +107,57 @@ class Firer:
     def _fire_schedules(self, report: FireReport) -> None:
         now = self.store.db_now()
         if not self._declared:
-            self.store.schedules_declare(declarations(self.jobs, now))
+            # this process's declarations replace what was recorded (a deploy changed a spec);
+            # a process still on another declaration then leaves the schedule to this one
+            self.store.schedules_declare(declarations(self.jobs, now), replace=True)
             self._declared = True
         rows = {r.name: r for r in self.store.schedules_all()}
+        budget = time.monotonic() + FIRE_BUDGET
         for schedule in self.schedules:
             row = rows.get(schedule.name)
-            if row is None or row.paused_at is not None or row.job != schedule.job:
+            if row is None or row.paused_at is not None or not self._mine(schedule, row):
                 continue
+            if time.monotonic() > budget:  # slow functions: the rest at the next pass
+                log.warning("schedules: firing took over %gs this pass; the rest waits for "
+                            "the next", FIRE_BUDGET)
+                break
             try:
-                self._fire_one(schedule, row, now, report)
+                self._fire_one(schedule, row, now, report, budget)
             except DatabaseUnavailable:
                 raise
             except Exception:  # one schedule must not stop the others; the next pass retries
                 log.exception("schedule %s: firing failed", schedule.name)
-        mine = {s.name for s in self.schedules}
         upcoming = [r.next_fire_at for r in self.store.schedules_all()
-                    if r.name in mine and r.paused_at is None and r.next_fire_at is not None]
+                    if r.name in rows and r.paused_at is None and r.next_fire_at is not None
+                    and any(s.name == r.name and self._mine(s, r, quiet=True)
+                            for s in self.schedules)]
         self.next_due = (max((min(upcoming) - now).total_seconds(), 0.0) if upcoming else None)
 
+    def overdue(self) -> list[ScheduleRow]:
+        """This process's schedules (as it declares them) whose next firing is due and not
+        waiting for an open run: what a leading sweeper would fire now."""
+        now = self.store.db_now()
+        declared = {s.name: s for s in self.schedules}
+        return [r for r in self.store.schedules_all()
+                if r.name in declared and self._mine(declared[r.name], r, quiet=True)
+                and r.paused_at is None and r.waiting_fire_at is None
+                and r.next_fire_at is not None and r.next_fire_at <= now]
+
+    def _mine(self, schedule: Schedule, row: ScheduleRow, quiet: bool = False) -> bool:
+        """Whether the recorded schedule is this process's declaration; another process (on
+        another version of the app) may have declared it since: that one fires it."""
+        if row.job == schedule.job and schedule.same_as(row.spec, row.tz):
+            return True
+        if not quiet and schedule.name not in self._other:
+            self._other.add(schedule.name)
+            log.warning("schedule %s is recorded as %r (%s) of job %s, not as this process "
+                        "declares it (%r, %s): a process with that declaration fires it; "
+                        "this one does not", schedule.name, row.spec, row.tz, row.job,
+                        schedule.spec, schedule.tz)
+        return False
+
     def _fire_one(self, schedule: Schedule, row: ScheduleRow, now: datetime,
-                  report: FireReport) -> None:
+                  report: FireReport, budget: float) -> None:
         job = self.jobs[schedule.job]
         if row.waiting_fire_at is not None and (
                 self.store.schedule_open_run(schedule.name, schedule.job) is None):
@@ -125,7 +165,7 @@ class Firer:
         if row.next_fire_at is None:
             return
         steps = calendar.plan(row.next_fire_at, now, schedule.times_from, schedule.catch_up,
-                              schedule.catch_up_window)
+                              schedule.catch_up_window, last=schedule.last_at_or_before)
         if not steps.steps and steps.skip_to is not None:
             if self.store.schedule_advance(schedule.name, row.next_fire_at, steps.skip_to,
                                            steps.missed):
@@ -136,6 +176,8 @@ class Firer:
                              schedule.catch_up_window)
             return
         for step in steps.steps:
+            if time.monotonic() > budget:
+                return  # the rest at the next pass: the schedule waits where it is
             if not self._record(job, schedule, step.fire_at, report,
                                 advance=(step.expected, step.next_at), missed=step.missed):
                 return  # another sweeper moved it, or the function failed: stop here
@@ -187,7 +229,8 @@ def fire_by_hand(store: Store, job: Job, schedule: Schedule, times: Sequence[dat
 # -- what the operator asks (the facade's schedule methods) ------------------------------------
 
 
-BACKFILL_MAX = 10_000  # firings one backfill records without --yes
+BACKFILL_MAX = 10_000  # firings one backfill records without --yes (and at most over HTTP)
+BACKFILL_LIMIT = 1_000_000  # firings one backfill records even with --yes: split the interval
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -232,7 +275,9 @@ def named(jobs: Mapping[str, Job], name: str) -> Schedule:
 
 
 def declare_all(store: Store, jobs: Mapping[str, Job]) -> None:
-    store.schedules_declare(declarations(jobs, store.db_now()))
+    """Record the schedules never recorded yet; one recorded already is left as it is (the
+    CLI's or the API's app may be older than the workers')."""
+    store.schedules_declare(declarations(jobs, store.db_now()), replace=False)
 
 
 def set_paused(store: Store, jobs: Mapping[str, Job], name: str, paused: bool,
@@ -262,14 +307,17 @@ def backfill_times(jobs: Mapping[str, Job], name: str, start: datetime, end: dat
     schedule = named(jobs, name)
     if start > end:
         raise BadInput(f"backfill: --from {start.isoformat()} is after --to {end.isoformat()}")
+    cap = BACKFILL_LIMIT if limit is None else min(limit, BACKFILL_LIMIT)
     found: list[datetime] = []
     for t in schedule.times_from(start):
         if t > end:
             break
         found.append(t)
-        if limit is not None and len(found) > limit:
-            raise BadInput(f"backfill: more than {limit:,} firings from {start.isoformat()} to "
-                           f"{end.isoformat()}; give --yes to record them all")
+        if len(found) > cap:
+            more = ("give --yes to record them all (the CLI, the library), or record the "
+                    "interval in parts" if cap < BACKFILL_LIMIT else "record the interval in parts")
+            raise BadInput(f"backfill: more than {cap:,} firings from {start.isoformat()} to "
+                           f"{end.isoformat()}; {more}")
     return found
 
 

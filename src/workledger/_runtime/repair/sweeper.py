@@ -509,6 +509,7 @@ class SweepLoop:
                     return False
                 if not (self.store.lead(self.scope) or (
                         not fire_only and self._leader_is_stuck())):
+                    self.sweeper.firer.next_due = None  # the leader fires: no early wake-up
                     return False
                 if fire_only:
                     self.on_swept(self.sweeper.fire())
@@ -536,11 +537,8 @@ class SweepLoop:
             self.sweeper.grace, self.sweeper.backoff) if r.job in self.sweeper.jobs}
         waiting |= {("verify", i.id) for i in self.store.items_attention([_UNKNOWN], 10)
                     if i.error == AWAITING_VERIFY}
-        if self.sweeper.firer.schedules:  # firings due and not recorded
-            now = self.store.db_now()
-            waiting |= {("fire", r.name, r.next_fire_at) for r in self.store.schedules_all()
-                        if r.paused_at is None and r.next_fire_at is not None
-                        and r.next_fire_at <= now}
+        if self.sweeper.firer.schedules:  # this process's firings due and not recorded
+            waiting |= {("fire", r.name, r.next_fire_at) for r in self.sweeper.firer.overdue()}
         if self.sweeper.redispatch is not None:  # with a broker: messages overdue
             for run_id, _job in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:
                 waiting |= {("owed", run_id, stage, seq)

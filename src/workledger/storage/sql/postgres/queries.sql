@@ -851,9 +851,16 @@ SELECT now() AS now;
 INSERT INTO wl_schedules (name, job, spec, tz, next_fire_at)
 VALUES (%(name)s, %(job)s, %(spec)s, %(tz)s, %(next_at)s::timestamptz)
 ON CONFLICT (name) DO UPDATE SET job = excluded.job, spec = excluded.spec, tz = excluded.tz,
-    next_fire_at = excluded.next_fire_at, waiting_fire_at = NULL, updated_at = now()
+    next_fire_at = excluded.next_fire_at, updated_at = now()
 WHERE wl_schedules.spec <> excluded.spec OR wl_schedules.tz <> excluded.tz
    OR wl_schedules.job <> excluded.job;
+
+-- name: schedule_declare_new
+-- The CLI's and the API's declarations: only a schedule never recorded (their app may be older
+-- than the workers').
+INSERT INTO wl_schedules (name, job, spec, tz, next_fire_at)
+VALUES (%(name)s, %(job)s, %(spec)s, %(tz)s, %(next_at)s::timestamptz)
+ON CONFLICT (name) DO NOTHING;
 
 -- name: schedules_all
 SELECT s.name, s.job, s.spec, s.tz, s.next_fire_at, s.waiting_fire_at, s.missed, s.paused_at,
