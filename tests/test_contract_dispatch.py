@@ -416,7 +416,7 @@ def test_sqlite_dispatch_statements_use_the_identity_index_and_the_owed_index(
                            "held": 1},
         "items_mark_dispatched": {"run_id": run_id, "stage": "apply", "seqs": seqs,
                                   "wait": 60.0, "delay": 0.0},
-        "items_owed": {"run_id": run_id, "limit": 1000},
+        "items_owed": {"run_id": run_id, "limit": 1000, "wait": 60.0},
     }
     plans = {name: " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q[name], a))
              for name, a in args.items()}

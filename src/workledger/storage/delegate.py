@@ -226,8 +226,9 @@ class DelegatingStore(Store):
     def items_hold_back(self, params: HoldBack) -> Hold:
         return self._call(self.inner.items_hold_back, params)
 
-    def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
-        return self._call(self.inner.items_owed, run_id, limit)
+    def items_owed(self, run_id: int, limit: int,
+                   wait: float | None = None) -> list[tuple[str, int]]:
+        return self._call(self.inner.items_owed, run_id, limit, wait)
 
     def runs_page(self, query: RunsQuery) -> list[RunRow]:
         return self._call(self.inner.runs_page, query)

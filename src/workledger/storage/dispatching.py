@@ -139,6 +139,8 @@ class Dispatching(StageLimits[C]):
             "ids": self._list(ids), "dues": self._list(due_of[i] for i in ids),
             "wait": float(wait)})
 
-    def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]:
-        rows = self._read_tuples(self.Q["items_owed"], {"run_id": run_id, "limit": limit})
+    def items_owed(self, run_id: int, limit: int,
+                   wait: float | None = None) -> list[tuple[str, int]]:
+        rows = self._read_tuples(self.Q["items_owed"], {
+            "run_id": run_id, "limit": limit, "wait": None if wait is None else float(wait)})
         return [(str(r[0]), int(r[1])) for r in rows]

@@ -616,8 +616,10 @@ class Store(Protocol):
                            limit: int) -> list[tuple[int, int]]: ...  # (id, seq) in id order
     def items_mark_dispatched(self, params: DispatchMark) -> list[int]: ...  # the seqs marked
     def items_hold_back(self, params: HoldBack) -> Hold: ...  # migration 0013
-    # pending, due, and owed a message by now: (stage, seq), oldest first
-    def items_owed(self, run_id: int, limit: int) -> list[tuple[str, int]]: ...
+    # pending, due, and owed a message by now: (stage, seq), oldest first; given the
+    # ledger's ``wait``, also those marked by a clock ahead (SQLite; docs/design.md)
+    def items_owed(self, run_id: int, limit: int,
+                   wait: float | None = None) -> list[tuple[str, int]]: ...
 
     # -- reads for the HTTP layer and metrics; retention --------------------------------------
 

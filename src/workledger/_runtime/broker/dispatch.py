@@ -229,7 +229,7 @@ class Outbox:
         is away (the rest stays owed)."""
         sent = 0
         for run_id, job in runs:
-            while page := store.items_owed(run_id, PAGE):
+            while page := store.items_owed(run_id, PAGE, self.options.wait):
                 for stage, seqs in _by_stage(page).items():
                     for part in chunks(seqs, self.options.chunk):
                         if not self.send(store, job, run_id, stage, part):

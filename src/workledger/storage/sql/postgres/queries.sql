@@ -833,6 +833,7 @@ RETURNING wl_items.id, wl_items.seq;
 -- name: items_owed
 -- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the
 -- broker, or never published), due themselves, oldest first; through wl_items_owed alone.
+-- Every time is the server's (:wait, which SQLite's clocks need, is not asked for).
 SELECT stage, seq FROM wl_items
 WHERE run_id = %(run_id)s AND state = 'pending' AND redispatch_at IS NOT NULL
   AND redispatch_at <= now()

@@ -788,11 +788,32 @@ RETURNING id, seq;
 -- name: items_owed
 -- The sweeper's re-dispatch: a run's pending items whose message is overdue (lost by the
 -- broker, or never published), due themselves, oldest first; through wl_items_owed alone.
-SELECT stage, seq FROM wl_items INDEXED BY wl_items_owed
-WHERE run_id = :run_id AND state = 'pending' AND redispatch_at IS NOT NULL
-  AND redispatch_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
-  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now') OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
-  AND stage <> '@close'
+-- And, given :wait, those whose re-dispatch time lies further ahead than any honest writer
+-- puts it (the item's own due time, a backoff's or a bucket's hold, plus 16 waits): written by
+-- a process whose clock runs ahead, so owed now. Each is its own range of the index (up to
+-- now; from now + 17 waits on), so that neither walks the run's items owed later.
+SELECT stage, seq FROM (
+  SELECT * FROM (
+    SELECT stage, seq, redispatch_at FROM wl_items INDEXED BY wl_items_owed
+    WHERE run_id = :run_id AND state = 'pending' AND redispatch_at IS NOT NULL
+      AND redispatch_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now') OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      AND stage <> '@close'
+    ORDER BY redispatch_at LIMIT :limit)
+  UNION ALL
+  SELECT * FROM (
+    SELECT stage, seq, redispatch_at FROM wl_items INDEXED BY wl_items_owed
+    WHERE run_id = :run_id AND state = 'pending' AND :wait IS NOT NULL
+      AND redispatch_at > strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                   '+' || printf('%.3f', 17 * :wait) || ' seconds')
+      AND redispatch_at > strftime('%Y-%m-%d %H:%M:%f',
+          max(strftime('%Y-%m-%d %H:%M:%f', 'now'), COALESCE(held_until, ''),
+              CASE WHEN updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN ''
+                   ELSE COALESCE(not_before, '') END),
+          '+' || printf('%.3f', 17 * :wait) || ' seconds')
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now') OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+      AND stage <> '@close'
+    ORDER BY redispatch_at LIMIT :limit))
 ORDER BY redispatch_at LIMIT :limit;
 
 -- == schedules and deadlines (migration 0014; docs/design.md, "Schedules and deadlines") ======
