@@ -71,6 +71,12 @@ def new_run(job: Job, schedule: Schedule, fire: datetime) -> NewRun | None:
                   closing=job.closing is not None, deadline=deadline)
 
 
+def _owed_since(row: ScheduleRow | None) -> datetime:
+    """The oldest time a schedule's row owes (its waiting firing or its next one)."""
+    times = [] if row is None else [t for t in (row.waiting_fire_at, row.next_fire_at) if t]
+    return min(times, default=datetime.max.replace(tzinfo=UTC))
+
+
 def declarations(jobs: Mapping[str, Job], now: datetime) -> list[ScheduleDecl]:
     found = []
     for s in (s for job in jobs.values() for s in job.schedules):
@@ -91,6 +97,10 @@ class Firer:
         self.actor = actor
         self.schedules = [s for job in self.jobs.values() for s in job.schedules]
         self._declared = False
+        # whether this process's declarations replace recorded ones: only a worker's long-lived
+        # sweep loop (SweepLoop sets it), never a hand sweep, the CLI, the API or serve, whose
+        # app may be older than the workers'
+        self.replace = False
         self._other: set[str] = set()  # schedules recorded by another declaration (warned)
         self.next_due: float | None = None  # seconds from the last pass to the next firing
 
@@ -107,13 +117,16 @@ class Firer:
     def _fire_schedules(self, report: FireReport) -> None:
         now = self.store.db_now()
         if not self._declared:
-            # this process's declarations replace what was recorded (a deploy changed a spec);
-            # a process still on another declaration then leaves the schedule to this one
-            self.store.schedules_declare(declarations(self.jobs, now), replace=True)
+            # a worker's declarations replace what was recorded (a deploy changed a spec); a
+            # process still on another declaration then leaves the schedule to this one
+            self.store.schedules_declare(declarations(self.jobs, now), replace=self.replace)
             self._declared = True
         rows = {r.name: r for r in self.store.schedules_all()}
         budget = time.monotonic() + FIRE_BUDGET
-        for schedule in self.schedules:
+        # the longest owed first: a slow function that spends the budget every pass is last
+        # at the next, so it never starves the schedules after it
+        owed = sorted(self.schedules, key=lambda s: _owed_since(rows.get(s.name)))
+        for schedule in owed:
             row = rows.get(schedule.name)
             if row is None or row.paused_at is not None or not self._mine(schedule, row):
                 continue
@@ -134,13 +147,13 @@ class Firer:
         self.next_due = (max((min(upcoming) - now).total_seconds(), 0.0) if upcoming else None)
 
     def overdue(self) -> list[ScheduleRow]:
-        """This process's schedules (as it declares them) whose next firing is due and not
-        waiting for an open run: what a leading sweeper would fire now."""
+        """This process's schedules (as it declares them) whose next firing is due: what a
+        leading sweeper fires (or records skipped) now."""
         now = self.store.db_now()
         declared = {s.name: s for s in self.schedules}
         return [r for r in self.store.schedules_all()
                 if r.name in declared and self._mine(declared[r.name], r, quiet=True)
-                and r.paused_at is None and r.waiting_fire_at is None
+                and r.paused_at is None
                 and r.next_fire_at is not None and r.next_fire_at <= now]
 
     def _mine(self, schedule: Schedule, row: ScheduleRow, quiet: bool = False) -> bool:
@@ -309,7 +322,16 @@ def backfill_times(jobs: Mapping[str, Job], name: str, start: datetime, end: dat
         raise BadInput(f"backfill: --from {start.isoformat()} is after --to {end.isoformat()}")
     cap = BACKFILL_LIMIT if limit is None else min(limit, BACKFILL_LIMIT)
     found: list[datetime] = []
-    for t in schedule.times_from(start):
+    times = schedule.times_from(start)
+    while True:
+        try:
+            t = next(times)
+        except (StopIteration, ValueError, OverflowError):  # past year 9999: no more times
+            if found and found[-1] < end:
+                raise BadInput(f"backfill: no planned time of {name!r} after "
+                               f"{found[-1].isoformat()} that a date can hold; give an "
+                               f"earlier --to than {end.isoformat()}") from None
+            break
         if t > end:
             break
         found.append(t)

@@ -465,6 +465,8 @@ class SweepLoop:
         self.only_fire = only_fire
         if only_fire:
             self.scope = "@schedules:" + self.scope
+        else:  # a worker's loop: its app's declarations replace the recorded ones (a deploy)
+            sweeper.firer.replace = True
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         self._seen: set[tuple[object, ...]] = set()
