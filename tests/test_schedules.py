@@ -49,6 +49,22 @@ def _ledger(url: str, *, spec: str = "every 1s", catch_up: str = "latest",
     return ledger
 
 
+def _one_item_job(url: str, **options: Any) -> tuple[Ledger, Any]:
+    """A ledger with job ``tick`` of one no-op item, for a test to add its own schedules to."""
+    ledger = Ledger(url)
+    job = ledger.job("tick", **options)
+
+    @job.decompose
+    def split(payload: dict[str, Any]) -> Iterator[Item]:
+        yield Item(key="a")
+
+    @job.stage("work", idempotent=True)
+    def work(item: Any, ctx: Any) -> None:
+        return None
+
+    return ledger, job
+
+
 def _next(ledger: Ledger) -> datetime:
     row = next(r for r in ledger.store.schedules_all() if r.name == "ticks")
     assert row.next_fire_at is not None
@@ -165,16 +181,7 @@ def test_a_function_that_raises_is_recorded_failed_and_tried_again_at_the_next_p
 
 
 def test_a_key_submit_would_refuse_is_a_failed_firing_and_not_a_stuck_pass(db_url: str) -> None:
-    ledger = Ledger(db_url)
-    job = ledger.job("tick")
-
-    @job.decompose
-    def split(payload: dict[str, Any]) -> Iterator[Item]:
-        yield Item(key="a")
-
-    @job.stage("work", idempotent=True)
-    def work(item: Any, ctx: Any) -> None:
-        return None
+    ledger, job = _one_item_job(db_url)
 
     @job.schedule("every 1s", overlap="allow")
     def ticks(fire: datetime) -> tuple[dict[str, Any], str]:
@@ -195,16 +202,7 @@ def test_a_slow_function_leaves_the_rest_of_its_firings_to_the_next_pass(
     from workledger._runtime.repair import calendar
 
     monkeypatch.setattr(calendar, "FIRE_BUDGET", 0.2)
-    ledger = Ledger(db_url)
-    job = ledger.job("tick")
-
-    @job.decompose
-    def split(payload: dict[str, Any]) -> Iterator[Item]:
-        yield Item(key="a")
-
-    @job.stage("work", idempotent=True)
-    def work(item: Any, ctx: Any) -> None:
-        return None
+    ledger, job = _one_item_job(db_url)
 
     @job.schedule("every 1s", catch_up="all", overlap="allow")
     def ticks(fire: datetime) -> dict[str, Any]:
@@ -270,16 +268,7 @@ def test_a_slow_schedule_does_not_starve_the_others(
     from workledger._runtime.repair import calendar
 
     monkeypatch.setattr(calendar, "FIRE_BUDGET", 0.2)
-    ledger = Ledger(db_url)
-    job = ledger.job("tick")
-
-    @job.decompose
-    def split(payload: dict[str, Any]) -> Iterator[Item]:
-        yield Item(key="a")
-
-    @job.stage("work", idempotent=True)
-    def work(item: Any, ctx: Any) -> None:
-        return None
+    ledger, job = _one_item_job(db_url)
 
     @job.schedule("every 1s", overlap="allow", name="a_slow")
     def slow(fire: datetime) -> dict[str, Any]:
@@ -388,16 +377,7 @@ def test_a_run_past_its_deadline_is_an_audit_finding_and_one_event(db_url: str) 
 
 
 def test_a_deadline_warning_is_a_finding_that_does_not_alert(db_url: str) -> None:
-    ledger = Ledger(db_url)
-    job = ledger.job("tick", deadline="1h", deadline_warning="2h")
-
-    @job.decompose
-    def split(payload: dict[str, Any]) -> Iterator[Item]:
-        yield Item(key="a")
-
-    @job.stage("work", idempotent=True)
-    def work(item: Any, ctx: Any) -> None:
-        return None
+    ledger, _ = _one_item_job(db_url, deadline="1h", deadline_warning="2h")
 
     with ledger:
         sub = ledger.submit("tick", {})
