@@ -66,11 +66,9 @@ def finish_rows(finishes: Sequence[Finish]) -> list[list[Any]]:
 def checked_finishes(params: FinishParams) -> None:
     """Refuse (:class:`IllegalTransition`) a finish whose write no constructor of core/writes.py
     made from a row of MOVES: nothing is written."""
-    seen: set[int] = set()
-    for f in params.finishes:
-        if id(f.write) not in seen:  # a chunk's finishes share a few writes: each checked once
-            writes.check(f.write, "items_finish_if_leased")
-            seen.add(id(f.write))
+    # a chunk's finishes share a few writes: each distinct one checked once
+    for write in {id(f.write): f.write for f in params.finishes}.values():
+        writes.check(write, "items_finish_if_leased")
 
 
 def checked_settles(params: SettleParams) -> None:

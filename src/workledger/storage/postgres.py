@@ -479,8 +479,14 @@ class PostgresStore(LedgerStore[Conn]):
 
     # -- parameters and values: arrays, seconds as floats, rows decoded by psycopg ---------
 
-    def _list(self, values: Iterable[Any]) -> list[Any]:
-        return sorted(values)  # id order: two transactions lock shared rows in one order
+    def _list(self, values: Iterable[Any]) -> list[Any] | str:
+        """Sorted (id order: two transactions lock shared rows in one order). Whole numbers go
+        as one array literal, which the statement casts (``::bigint[]``): psycopg dumps a list
+        element by element in Python, about 8x slower for a chunk's 500 ids."""
+        ordered = sorted(values)
+        if ordered and type(ordered[0]) is int:  # sorted: a list of ints has no str in it
+            return "{" + ",".join(map(str, ordered)) + "}"
+        return ordered
 
     def _row_set(self, rows: list[list[Any]], names: Sequence[str]) -> dict[str, Any]:
         return _columns(rows, names)
