@@ -41,6 +41,7 @@ PUBLIC_COLUMNS = {
         "deadline_at",
         "warn_at",
         "deadline_missed_at",
+        "priority",
     },
     "wl_items": {
         "id",

@@ -80,6 +80,7 @@ __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TA
            "RunsPage", "ScheduleStatus", "Submission", "SweepLoop", "SweepReport",
            "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
            "mask_secrets", "masked_url", "open_private", "parse_deadline", "parse_duration",
+           "parse_priority",
            "same_database",
            "since_time", "url_secrets", "visible"]
 
@@ -247,8 +248,13 @@ class Ledger:
             raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
 
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None, *, deadline: Any = None) -> Submission:
+               conn: Any = None, *, deadline: Any = None, priority: int = 0) -> Submission:
         """Record a run, decompose it, and return its real state.
+
+        ``priority``: a whole number from -1000 to 1000 (default 0). A claimable item of a
+        higher-priority run is claimed before any of a lower one (docs/design.md, "Claim
+        order"); :meth:`set_priority` changes it while the run is open. A repeated submission
+        returns the run as it is, priority included.
 
         ``deadline``: a timezone-aware datetime, or a duration after submission (``"2h"``),
         by which the run should be complete (default: the job's ``deadline``); a run past it
@@ -273,10 +279,12 @@ class Ledger:
         job = self.job_named(job_name)
         job.check_ready()
         inputs.check_key(key)
+        rank = inputs.priority_of(priority)
         text = canonical_json(payload)
         new = NewRun(job.name, key or default_key(text), text, float(job.tolerate),
                      closing=job.closing is not None,
-                     deadline=inputs.deadline_of(deadline, job.deadline, job.deadline_warning))
+                     deadline=inputs.deadline_of(deadline, job.deadline, job.deadline_warning),
+                     priority=rank)
         if conn is not None:
             return self._submit_in(conn, job, new)
         run, created = self.store.run_submit(new)
@@ -452,6 +460,15 @@ class Ledger:
         """Stop claiming the run's items (False: paused already). A finished run refuses."""
         run = self._run(run_id)
         return operations.pause(self.store, run, self.jobs.get(run.job), actor=actor, note=note)
+
+    def set_priority(self, run_id: int, priority: int, *, note: str | None = None,
+                     actor: str = "operator") -> bool:
+        """Change an open run's priority (audited: a ``priority_changed`` event with the old
+        and the new one); False when it had that priority already. A finished run refuses."""
+        rank = inputs.priority_of(priority)
+        run = self._run(run_id)
+        return operations.set_priority(self.store, run, self.jobs.get(run.job), rank,
+                                       actor=actor, note=note)
 
     def resume(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
         """Let workers claim the run again (False: it was not paused). A finished run refuses."""
@@ -734,6 +751,18 @@ def open_private(path: str | os.PathLike[str]) -> TextIO:
     (``0600``, whatever the umask): an export holds payloads and results."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def parse_priority(text: str | None) -> int:
+    """A priority as the CLI and the HTTP API take it, as text: a whole number (None: 0);
+    :meth:`Ledger.submit` checks its range."""
+    if text is None:
+        return 0
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise BadInput(f"priority: expected a whole number from {limits.PRIORITY_MIN} to "
+                       f"{limits.PRIORITY_MAX}, got {text!r}") from None
 
 
 def parse_deadline(text: str | None) -> str | datetime | None:

@@ -67,9 +67,10 @@ class AsyncLedger:
     # -- submitting and reading --------------------------------------------------------------
 
     async def submit(self, job_name: str, payload: Any, key: str | None = None, *,
-                     deadline: Any = None) -> Submission:
+                     deadline: Any = None, priority: int = 0) -> Submission:
         """Record a run, decompose it, and return its real state (``Ledger.submit``)."""
-        return await self._call(self.ledger.submit, job_name, payload, key, deadline=deadline)
+        return await self._call(self.ledger.submit, job_name, payload, key, deadline=deadline,
+                                priority=priority)
 
     async def status(self, run_id: int) -> RunStatus:
         return await self._call(self.ledger.status, run_id)

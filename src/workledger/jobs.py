@@ -35,7 +35,7 @@ class Submitter(Protocol):
     jobs: dict[str, Job]
 
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None, *, deadline: Any = None) -> Submission: ...
+               conn: Any = None, *, deadline: Any = None, priority: int = 0) -> Submission: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -341,13 +341,14 @@ class Job:
         return frozenset(s.name for s in self.stages if s.limited)
 
     def submit(self, payload: Any, key: str | None = None, conn: Any = None, *,
-               deadline: Any = None) -> Submission:
+               deadline: Any = None, priority: int = 0) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state.
         ``conn``: record it in the caller's open transaction instead, decomposed after the
         commit. ``deadline``: a timezone-aware datetime, or a duration after submission
         (``"2h"``), by which the run should be complete; default: the job's ``deadline``
-        (:meth:`workledger.Ledger.submit`)."""
-        return self.ledger.submit(self.name, payload, key=key, conn=conn, deadline=deadline)
+        ``priority``: -1000 to 1000, higher claimed first (:meth:`workledger.Ledger.submit`)."""
+        return self.ledger.submit(self.name, payload, key=key, conn=conn, deadline=deadline,
+                                  priority=priority)
 
     def check_ready(self) -> None:
         if self.decomposer is None:

@@ -25,6 +25,7 @@ class RunStatus:
     decomposed_at: str | None
     completed_at: str | None
     error: str | None
+    priority: int = 0  # -1000..1000: higher runs are claimed first
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

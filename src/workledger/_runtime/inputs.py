@@ -36,6 +36,17 @@ def check_id(what: str, value: int | None) -> None:
         raise BadInput(f"{what} {value} is out of range (0 to {limits.ID_MAX})")
 
 
+def priority_of(value: object) -> int:
+    """A run's priority: a whole number from -1000 to 1000 (a bool or a float is refused)."""
+    if type(value) is not int:
+        raise BadInput(f"priority: expected a whole number from {limits.PRIORITY_MIN} to "
+                       f"{limits.PRIORITY_MAX}, got {value!r}")
+    if not limits.PRIORITY_MIN <= value <= limits.PRIORITY_MAX:
+        raise BadInput(f"priority {value} is out of range ({limits.PRIORITY_MIN} to "
+                       f"{limits.PRIORITY_MAX})")
+    return value
+
+
 def _check(what: str, value: str, max_bytes: int) -> None:
     problem = limits.text_problem(what, value, max_bytes)
     if problem is not None:

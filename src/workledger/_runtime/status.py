@@ -42,7 +42,7 @@ def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
         next=d.next, created_at=str(run.created_at),
         decomposed_at=None if run.decomposed_at is None else str(run.decomposed_at),
         completed_at=None if run.completed_at is None else str(run.completed_at),
-        error=run.error,
+        error=run.error, priority=run.priority,
     )
 
 

@@ -110,10 +110,10 @@ def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> N
         paged(lambda n, after: ledger.runs(n, before=before if after is None else after),
               limit, lambda st: st.run_id),
         as_json, status_dict,
-        lambda header: Table("run", "job", "key", "state", "total", "processed", "failed",
-                             "skipped", "created", show_header=header),
-        lambda st: [st.run_id, st.job, st.key, st.state, st.total, st.processed, st.failed,
-                    st.skipped, st.created_at])
+        lambda header: Table("run", "job", "key", "state", "priority", "total", "processed",
+                             "failed", "skipped", "created", show_header=header),
+        lambda st: [st.run_id, st.job, st.key, st.state, st.priority, st.total, st.processed,
+                    st.failed, st.skipped, st.created_at])
     if not as_json and shown == 0:
         click.echo("no runs yet" if before is None else f"no runs before run {before}")
     elif not as_json and shown == limit:

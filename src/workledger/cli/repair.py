@@ -19,10 +19,19 @@ from workledger.api import (
     Ledger,
     group_findings,
     limits,
+    parse_priority,
     since_time,
     visible,
 )
-from workledger.cli.output import ID, JsonList, Seconds, console, echo_json, one_line, show
+from workledger.cli.output import (
+    ID,
+    JsonList,
+    Seconds,
+    console,
+    echo_json,
+    one_line,
+    show,
+)
 from workledger.cli.settings import Settings
 from workledger.errors import UsageError
 from workledger.shapes import finding_dict, history_dict, reconcile_dict
@@ -126,6 +135,21 @@ def pause(settings: Settings, run_id: int, note: str | None) -> None:
     run is refused (exit 2). Runs no code of --app."""
     done = settings.ledger().pause(run_id, note=note)
     click.echo(f"run {run_id}: {'paused' if done else 'already paused; nothing changed'}")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})  # N may be -5
+@click.argument("run_id", metavar="RUN", type=ID)
+@click.argument("priority", metavar="N")
+@NOTE
+@click.pass_obj
+def priority(settings: Settings, run_id: int, priority: str, note: str | None) -> None:
+    """Give open RUN priority N (-1000 to 1000; higher runs are claimed first, the default
+    is 0). Recorded with --note and who did it. A finished run is refused (exit 2). Runs no
+    code of --app."""
+    rank = parse_priority(priority)
+    done = settings.ledger().set_priority(run_id, rank, note=note)
+    click.echo(f"run {run_id}: priority {rank}" if done else
+               f"run {run_id}: priority {rank} already; nothing changed")
 
 
 @click.command()
@@ -307,4 +331,5 @@ def _findings_table(title: str, groups: list[FindingGroup]) -> None:
     console(width=160).print(table)
 
 
-COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, history, reconcile, audit)
+COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, priority, history, reconcile,
+            audit)

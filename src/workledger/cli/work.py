@@ -15,7 +15,15 @@ from typing import Any
 
 import click
 
-from workledger.api import RunStatus, Worker, WorkReport, limits, parse_deadline, url_secrets
+from workledger.api import (
+    RunStatus,
+    Worker,
+    WorkReport,
+    limits,
+    parse_deadline,
+    parse_priority,
+    url_secrets,
+)
 from workledger.cli import logs
 from workledger.cli.output import Seconds, echo_json, one_line, show
 from workledger.cli.settings import Settings
@@ -92,10 +100,14 @@ def submission_line(created: bool, st: RunStatus, resumed: bool = False) -> str:
               help="When the run should be complete: a duration after submission (2h, 90m) "
                    "or an ISO 8601 time with its zone; past it, audit reports it (exit 1). "
                    "[default: the job's deadline]")
+@click.option("--priority", metavar="N",
+              help="A whole number from -1000 to 1000: a claimable item of a higher-priority "
+                   "run is claimed before any of a lower one. [default 0]")
 @click.option("--json", "as_json", is_flag=True, help="Print the submission as JSON.")
 @click.pass_obj
 def submit(settings: Settings, job: str, payload: str | None, payload_file: str | None,
-           key: str | None, deadline: str | None, as_json: bool) -> None:
+           key: str | None, deadline: str | None, priority: str | None,
+           as_json: bool) -> None:
     """Record a run of JOB, write one item per unit, and print its real state. Needs --app
     (it runs the job's decomposer); creates the ledger if there is none.
 
@@ -107,12 +119,14 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
     Limits: the key 1,000 bytes, the payload 16 MiB of JSON nested at most 64 levels.
     """
     value = read_payload(payload, payload_file)
+    rank = parse_priority(priority)
     ledger = settings.ledger(app=True, create=True)
     if not ledger.jobs:
         raise UnknownJob(f"unknown job {job!r}: no app loaded "
                          "(pass --app module:attribute or set WORKLEDGER_APP)")
     try:
-        sub = ledger.submit(job, value, key=key, deadline=parse_deadline(deadline))
+        sub = ledger.submit(job, value, key=key, deadline=parse_deadline(deadline),
+                            priority=rank)
     except DecompositionFailed as exc:
         if as_json and exc.status is not None:
             echo_json(submission_dict(exc.run_id, True, exc.status))

@@ -40,6 +40,7 @@ LIST_MAX = 100_000
 PAGE = 10_000
 
 # Ids, seqs and the like: both databases store 64-bit signed integers.
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # a run's priority (migration 0015 checks it too)
 ID_MAX = 2**63 - 1
 
 # Items claimed at once: one statement and one lease token per chunk.

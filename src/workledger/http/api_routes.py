@@ -9,7 +9,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from workledger.api import Ledger, open_private, parse_deadline, parse_duration, since_time
+from workledger.api import (
+    Ledger,
+    open_private,
+    parse_deadline,
+    parse_duration,
+    parse_priority,
+    since_time,
+)
 from workledger.errors import BadInput, DecompositionFailed, UsageError
 from workledger.http.auth import OPEN_ACTOR
 from workledger.http.errors import ERROR_RESPONSES, error_json
@@ -108,12 +115,17 @@ def submit(request: Request, job: str,
            idempotency_key: Annotated[str | None, Header()] = None,
            deadline: Annotated[str | None, Query(
                description="a duration after submission (2h) or an ISO 8601 time with its "
-                           "zone by which the run should be complete")] = None) -> Any:
+                           "zone by which the run should be complete")] = None,
+           priority: Annotated[str | None, Query(
+               description="a whole number from -1000 to 1000 (default 0): a claimable item "
+                           "of a higher-priority run is claimed before any of a lower one")
+           ] = None) -> Any:
     ledger = ledger_of(request)
     ledger.job_named(job)
+    rank = parse_priority(priority)
     try:
         sub = ledger.submit(job, payload or {}, key=idempotency_key or None,
-                            deadline=parse_deadline(deadline))
+                            deadline=parse_deadline(deadline), priority=rank)
     except DecompositionFailed as exc:  # recorded, nothing dispatched: its status says why
         if exc.status is None:
             raise

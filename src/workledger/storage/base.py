@@ -27,6 +27,7 @@ from workledger.storage.dispatching import Dispatching
 from workledger.storage.overview import Overview
 from workledger.storage.port import (
     AuditItems,
+    ClaimableRun,
     ClaimedItem,
     ClaimParams,
     EventRow,
@@ -97,7 +98,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
         params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate, "closing": new.closing}
+                  "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
         with self._tx() as conn:
             inserted = conn.execute(self.Q["run_insert"], params).fetchone()
             row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
@@ -118,7 +119,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         connection: a large payload's items are written after the commit, by whoever takes
         the run (``run_take_deferred``), so they never hold the caller's transaction open."""
         params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate, "closing": new.closing}
+                  "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
         with self._foreign_tx(conn) as theirs:
             inserted = theirs.execute(self.Q["run_insert_deferred"], params).fetchone()
             row = self._first(theirs.execute(self.Q["run_by_key_in"], params).fetchall())
@@ -198,9 +199,26 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
                 conn.execute(self.Q["events_add"], common.run_event(
                     run_id, DECOMPOSITION_FAILED, actor, error=error))
 
-    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
+    def runs_claimable(self, jobs: Sequence[str]) -> list[ClaimableRun]:
         rows = self._read_tuples(self.Q["runs_claimable"], {"jobs": self._list(jobs)})
-        return [(int(r[0]), str(r[1])) for r in rows]
+        return [ClaimableRun(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    def runs_top_priority(self, jobs: Sequence[str]) -> int | None:
+        rows = self._read_tuples(self.Q["runs_top_priority"], {"jobs": self._list(jobs)})
+        return int(rows[0][0]) if rows else None
+
+    def run_set_priority(self, run_id: int, priority: int, actor: str,
+                         note: str | None) -> bool:
+        with self._tx() as conn:
+            was = conn.execute(self.Q["run_priority"], {"run_id": run_id}).fetchone()
+            if was is None or int(was["priority"]) == priority:
+                return False
+            conn.execute(self.Q["run_set_priority"], {"run_id": run_id, "priority": priority})
+            conn.execute(self.Q["events_add"], common.run_event(
+                run_id, "priority_changed", actor, **{"from": int(was["priority"]), "to": priority,
+                                                      "note": note}))
+            self._wake(conn)  # idle workers look again: the claim order changed
+        return True
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return common.counts_of(self._read_tuples(self.Q["run_counts"], {"run_id": run_id}))

@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 from workledger.storage.port import (
     Attention,
     AuditItems,
+    ClaimableRun,
     ClaimedItem,
     ClaimParams,
     DeadlineRow,
@@ -130,8 +131,15 @@ class DelegatingStore(Store):
     def run_record_error(self, run_id: int, error: str | None, actor: str | None = None) -> None:
         return self._call(self.inner.run_record_error, run_id, error, actor)
 
-    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]:
+    def runs_claimable(self, jobs: Sequence[str]) -> list[ClaimableRun]:
         return self._call(self.inner.runs_claimable, jobs)
+
+    def runs_top_priority(self, jobs: Sequence[str]) -> int | None:
+        return self._call(self.inner.runs_top_priority, jobs)
+
+    def run_set_priority(self, run_id: int, priority: int, actor: str,
+                         note: str | None) -> bool:
+        return self._call(self.inner.run_set_priority, run_id, priority, actor, note)
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return self._call(self.inner.run_counts, run_id)

@@ -196,7 +196,7 @@ class Dialect(ABC, Generic[C]):
             decomposed_at=ts(r["decomposed_at"]), completed_at=ts(r["completed_at"]),
             paused_at=ts(r["paused_at"]), cancelled_at=ts(r["cancelled_at"]), error=r["error"],
             total=r["total"], processed=r["processed"], failed=r["failed"],
-            skipped=r["skipped"], tolerate=r["tolerate"],
+            skipped=r["skipped"], tolerate=r["tolerate"], priority=int(r["priority"]),
         )
 
     def _item(self, r: Any) -> ItemRow:

@@ -36,6 +36,7 @@ class NewRun:
     tolerate: float | None = None  # failed units allowed: a count (>= 1) or a fraction (< 1)
     closing: bool | None = None  # its job declared a closing hook (migration 0012): prune waits
     deadline: Deadline | None = None  # set on the run when it is recorded (not when it exists)
+    priority: int = 0  # -1000..1000 (migration 0015): higher runs are claimed first
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class RunRow:
     failed: int
     skipped: int
     tolerate: float | None = None  # recorded at submit (migration 0003); None before it
+    priority: int = 0  # migration 0015; set_priority changes it while the run is open
+
+
+class ClaimableRun(NamedTuple):
+    """A run workers claim from (``runs_claimable``), in the claim order."""
+
+    id: int
+    job: str
+    priority: int
 
 
 class NewItem(NamedTuple):
@@ -570,7 +580,10 @@ class Store(Protocol):
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow: ...
     def run_record_error(self, run_id: int, error: str | None,
                          actor: str | None = None) -> None: ...
-    def runs_claimable(self, jobs: Sequence[str]) -> list[tuple[int, str]]: ...
+    def runs_claimable(self, jobs: Sequence[str]) -> list[ClaimableRun]: ...
+    def runs_top_priority(self, jobs: Sequence[str]) -> int | None: ...
+    def run_set_priority(self, run_id: int, priority: int, actor: str,
+                         note: str | None) -> bool: ...
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]: ...
     # (expired leases, retries due later, unknown items awaiting their verify hook)
     def run_waits(self, run_id: int) -> tuple[int, int, int]: ...

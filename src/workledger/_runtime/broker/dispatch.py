@@ -34,7 +34,7 @@ from workledger import failpoints
 from workledger.core import limits
 from workledger.errors import BadInput, UsageError
 from workledger.storage.delegate import DelegatingStore
-from workledger.storage.port import DispatchMark, HeldBack, RunRow, Store
+from workledger.storage.port import ClaimableRun, DispatchMark, HeldBack, RunRow, Store
 
 log = logging.getLogger("workledger.dispatch")
 
@@ -223,12 +223,12 @@ class Outbox:
         return self._publish([Message(app, job, run_id, stage, h.seqs, h.delay, h.held)
                               for h in held])
 
-    def redispatch(self, store: Store, runs: Iterable[tuple[int, str]]) -> int:
+    def redispatch(self, store: Store, runs: Iterable[ClaimableRun]) -> int:
         """Publish again what the claimable ``runs`` owe by now: every such item, page by
         page, however many. Returns how many items were published; stops at a broker that
         is away (the rest stays owed)."""
         sent = 0
-        for run_id, job in runs:
+        for run_id, job, _ in runs:
             while page := store.items_owed(run_id, PAGE, self.options.wait):
                 for stage, seqs in _by_stage(page).items():
                     for part in chunks(seqs, self.options.chunk):

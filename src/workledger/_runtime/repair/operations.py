@@ -242,6 +242,13 @@ def pause(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator"
     return store.run_set_paused(run.id, True, actor, note)
 
 
+def set_priority(store: Store, run: RunRow, job: Job | None, priority: int, *,
+                 actor: str = "operator", note: str | None = None) -> bool:
+    """Move an open run in the claim order; False when it had ``priority`` already."""
+    refuse_if_finished(store, run, job, "given a new priority")
+    return store.run_set_priority(run.id, priority, actor, note)
+
+
 def resume(store: Store, run: RunRow, job: Job | None, *, actor: str = "operator",
            note: str | None = None) -> bool:
     """Let workers claim the run's items again; False when it was not paused. A paused run

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
 
 from workledger._runtime.deferred import take_deferred
@@ -33,7 +33,7 @@ from workledger._runtime.worker.holder import WorkerOptions, WorkReport
 from workledger._runtime.worker.lanes import Lane, Nudge
 from workledger.core.limits import CHUNK_MAX
 from workledger.jobs import Job
-from workledger.storage.port import ClaimedItem, ClaimParams, Store
+from workledger.storage.port import ClaimableRun, ClaimedItem, ClaimParams, Store
 
 log = logging.getLogger("workledger.worker")
 
@@ -76,7 +76,7 @@ class Worker:
         self.on_progress = on_progress
         self.report = WorkReport()
         self._stop = threading.Event()
-        self._runs: list[tuple[int, str]] = []
+        self._runs: list[ClaimableRun] = []
         self._runs_at = -1e9
         self.count_lock = threading.Lock()  # the report, moved by every lane's chunks
         self._nudge = Nudge()
@@ -272,7 +272,7 @@ class Worker:
         when its bucket holds a token again (nothing wakes a worker for that), or soon after
         an item of a capped stage may have finished elsewhere."""
         soonest = float("inf")
-        for _, name in self._runs:
+        for _, name, _ in self._runs:
             for stage in self.jobs[name].stages:
                 if stage.rate is not None:
                     soonest = min(soonest, 1.0 / stage.rate.per_second)
@@ -284,7 +284,7 @@ class Worker:
         """Seconds until the earliest backed-off retry of the active runs comes due."""
         if not self._runs:
             return None
-        return self.store.outlook([r for r, _ in self._runs]).next_ready_in
+        return self.store.outlook([r.id for r in self._runs]).next_ready_in
 
     def _sweep_loop(self) -> SweepLoop | None:
         if self.sweeper is None:
@@ -319,7 +319,11 @@ class Worker:
 
     # -- claiming --------------------------------------------------------------------------
 
-    def _active_runs(self, refresh: bool = False) -> list[tuple[int, str]]:
+    def _active_runs(self, refresh: bool = False) -> list[ClaimableRun]:
+        if not refresh and self._runs and self.clock() - self._runs_at <= 1.0:
+            # a higher run than this list's first (another process's submission, an operator's
+            # set_priority), or a first run lowered: look again now, not at the next second
+            refresh = self.store.runs_top_priority(sorted(self.jobs)) != self._runs[0].priority
         if refresh or self.clock() - self._runs_at > 1.0:
             # runs recorded in a caller's transaction wait for a decomposer: this worker, at
             # once, if it is the first to see one (the others then claim its items)
@@ -329,14 +333,16 @@ class Worker:
         return self._runs
 
     def _claim_next(self, lane: Lane) -> list[ClaimedItem]:
-        """Claim from the active runs in turn, so a small run is not stuck behind a big one."""
-        runs = self._active_runs()
-        for i in range(len(runs)):
-            run_id, job = runs[(lane.turn + i) % len(runs)]
-            chunk = self._claim_from(run_id, self.jobs[job], lane)
-            if chunk:
-                lane.turn = (lane.turn + i + 1) % len(runs)
-                return chunk
+        """Claim in the claim order (docs/design.md, "Claim order"): the runs of the highest
+        priority first, and among runs of one priority in turn, so a small run is not stuck
+        behind a big one; a lower priority only when no higher run has anything claimable."""
+        for group in _by_priority(self._active_runs()):
+            for i in range(len(group)):
+                k = (lane.turn + i) % len(group)
+                chunk = self._claim_from(group[k].id, self.jobs[group[k].job], lane)
+                if chunk:
+                    lane.turn = k + 1
+                    return chunk
         self._runs_at = -1e9  # nothing anywhere: look for new runs next time
         return []
 
@@ -386,7 +392,7 @@ class Worker:
         runs = self._active_runs(refresh=True)
         if not runs:
             return True
-        outlook = self.store.outlook([r for r, _ in runs])
+        outlook = self.store.outlook([r.id for r in runs])
         if outlook.ready or outlook.waiting or outlook.leased:
             return False
         # a lease that ran out after this sweep is the next sweep's to settle
@@ -402,7 +408,7 @@ class Worker:
             self.on_progress(self.report)
 
     def _job_of(self, run_id: int) -> Job:
-        for rid, name in self._runs:
+        for rid, name, _ in self._runs:
             if rid == run_id:
                 return self.jobs[name]
         raise LookupError(f"run {run_id} is not one of this worker's runs")
@@ -412,3 +418,14 @@ def _summary(report: WorkReport) -> str:
     return (f"claimed {report.claimed}, processed {report.processed}, failed {report.failed}, "
             f"skipped {report.skipped}, retried {report.retried}, stale {report.stale}, "
             f"abandoned {report.abandoned}")
+
+
+def _by_priority(runs: list[ClaimableRun]) -> Iterator[list[ClaimableRun]]:
+    """The runs (listed highest priority first) in groups of one priority each."""
+    start = 0
+    while start < len(runs):
+        end = start + 1
+        while end < len(runs) and runs[end].priority == runs[start].priority:
+            end += 1
+        yield runs[start:end]
+        start = end

@@ -6,8 +6,9 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(priority)s::integer,
+        %(closing)s::boolean)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -17,7 +18,7 @@ SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 -- name: run_get
 -- Every column but the payload, which can be large and no reader shows: run_payload reads it.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE id = %(run_id)s;
 
 -- name: run_payload
@@ -26,7 +27,7 @@ SELECT payload FROM wl_runs WHERE id = %(run_id)s;
 -- name: runs_list
 -- Newest first, below an id to page back; without payloads (see run_get).
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC LIMIT %(limit)s;
 
@@ -47,17 +48,36 @@ UPDATE wl_runs SET
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate;
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = %(error)s WHERE id = %(run_id)s;
 
 -- name: runs_claimable
-SELECT id, job FROM wl_runs
+-- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first.
+SELECT id, job, priority FROM wl_runs
 WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
   AND paused_at IS NULL AND cancelled_at IS NULL
   AND job = ANY (%(jobs)s::text[])
-ORDER BY id;
+ORDER BY priority DESC, id;
+
+-- name: runs_top_priority
+-- The highest priority among the runs runs_claimable lists, from the end of wl_runs_priority:
+-- a worker asks before every claim, so it is one index step while the top run is claimable
+-- (paused, cancelled or undecomposed runs above it, and other jobs', are stepped over).
+SELECT priority FROM wl_runs
+WHERE completed_at IS NULL AND decomposed_at IS NOT NULL
+  AND paused_at IS NULL AND cancelled_at IS NULL
+  AND job = ANY (%(jobs)s::text[])
+ORDER BY priority DESC, id DESC LIMIT 1;
+
+-- name: run_priority
+-- An open run's priority before set_priority changes it (locked: two operators' changes are
+-- recorded one after the other).
+SELECT priority FROM wl_runs WHERE id = %(run_id)s AND completed_at IS NULL FOR UPDATE;
+
+-- name: run_set_priority
+UPDATE wl_runs SET priority = %(priority)s WHERE id = %(run_id)s AND completed_at IS NULL;
 
 -- name: run_counts
 -- The projection: a few rows per run, however many items it has. Stages in the order they first
@@ -461,7 +481,7 @@ ORDER BY id LIMIT %(limit)s;
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
@@ -477,8 +497,9 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
-VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(closing)s::boolean,
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing, deferred_at)
+VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(priority)s::integer,
+        %(closing)s::boolean,
         now())
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
@@ -488,7 +509,7 @@ RETURNING id;
 -- as text, say): the payload as text, decoded by us.
 SELECT id, job, idempotency_key, NULL AS payload, payload::text AS payload_text, created_at,
        decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
-       skipped, tolerate
+       skipped, tolerate, priority
 FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 
 -- name: ledger_identity
@@ -503,7 +524,7 @@ SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::bigint 
 -- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
 -- audit), oldest first, through their own partial index; without payloads.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs
 WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
   AND (%(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[]))
@@ -555,7 +576,7 @@ RETURNING id, stage;
 -- name: run_lock
 -- Reconcile holds the run row while it counts, so no completion's counter update lands in between.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE id = %(run_id)s FOR UPDATE;
 
 -- name: run_set_projection
@@ -569,7 +590,7 @@ WHERE id = %(run_id)s;
 -- name: runs_page
 -- A page of runs, newest first, below a keyset cursor.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs
 WHERE id < %(before)s AND (%(job)s::text IS NULL OR job = %(job)s::text)
 ORDER BY id DESC LIMIT %(limit)s;
@@ -577,7 +598,7 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- name: runs_open
 -- Runs not complete: metrics derive each one's state.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE completed_at IS NULL ORDER BY id;
 
 -- name: runs_finished_summary
@@ -652,7 +673,7 @@ LIMIT %(limit)s;
 -- name: runs_prunable
 -- Runs complete (a cancelled run whose items are all terminal is) before the cutoff.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs
 WHERE completed_at IS NOT NULL
   AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)

@@ -73,8 +73,10 @@ CREATE TABLE wl_runs (
     deadline_at timestamp with time zone,
     warn_at timestamp with time zone,
     deadline_missed_at timestamp with time zone,
+    priority integer DEFAULT 0 NOT NULL,
     CONSTRAINT wl_runs_job_idempotency_key_key UNIQUE (job, idempotency_key),
-    CONSTRAINT wl_runs_pkey PRIMARY KEY (id)
+    CONSTRAINT wl_runs_pkey PRIMARY KEY (id),
+    CONSTRAINT wl_runs_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000)))
 );
 
 CREATE TABLE wl_schedules (
@@ -143,5 +145,7 @@ CREATE INDEX wl_runs_deadline ON wl_runs USING btree (deadline_at) WHERE ((deadl
 CREATE INDEX wl_runs_deferred ON wl_runs USING btree (id) WHERE (deferred_at IS NOT NULL);
 
 CREATE INDEX wl_runs_open ON wl_runs USING btree (job) WHERE (completed_at IS NULL);
+
+CREATE INDEX wl_runs_priority ON wl_runs USING btree (priority, id) WHERE (completed_at IS NULL);
 
 CREATE SEQUENCE wl_lease_token_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;

@@ -4,8 +4,8 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing)
-VALUES (:job, :key, :payload, :tolerate, :closing)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+VALUES (:job, :key, :payload, :tolerate, :priority, :closing)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -15,7 +15,7 @@ SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 -- name: run_get
 -- Every column but the payload, which can be large and no reader shows: run_payload reads it.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE id = :run_id;
 
 -- name: run_payload
@@ -24,7 +24,7 @@ SELECT payload FROM wl_runs WHERE id = :run_id;
 -- name: runs_list
 -- Newest first, below an id to page back; without payloads (see run_get).
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE (:before IS NULL OR id < :before)
 ORDER BY id DESC LIMIT :limit;
 
@@ -45,17 +45,35 @@ UPDATE wl_runs SET
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate;
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = :error WHERE id = :run_id;
 
 -- name: runs_claimable
-SELECT id, job FROM wl_runs
+-- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first.
+SELECT id, job, priority FROM wl_runs
 WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
   AND paused_at IS NULL AND cancelled_at IS NULL
   AND job IN (SELECT value FROM json_each(:jobs))
-ORDER BY id;
+ORDER BY priority DESC, id;
+
+-- name: runs_top_priority
+-- The highest priority among the runs runs_claimable lists, from the end of wl_runs_priority:
+-- a worker asks before every claim, so it is one index step while the top run is claimable
+-- (paused, cancelled or undecomposed runs above it, and other jobs', are stepped over).
+SELECT priority FROM wl_runs
+WHERE completed_at IS NULL AND decomposed_at IS NOT NULL
+  AND paused_at IS NULL AND cancelled_at IS NULL
+  AND job IN (SELECT value FROM json_each(:jobs))
+ORDER BY priority DESC, id DESC LIMIT 1;
+
+-- name: run_priority
+-- An open run's priority before set_priority changes it (the write transaction holds the file).
+SELECT priority FROM wl_runs WHERE id = :run_id AND completed_at IS NULL;
+
+-- name: run_set_priority
+UPDATE wl_runs SET priority = :priority WHERE id = :run_id AND completed_at IS NULL;
 
 -- name: run_counts
 -- The projection: a few rows per run, however many items it has. Stages in the order they first
@@ -430,7 +448,7 @@ ORDER BY id LIMIT :limit;
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
@@ -446,8 +464,8 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, closing, deferred_at)
-VALUES (:job, :key, :payload, :tolerate, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, :priority, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -455,7 +473,7 @@ RETURNING id;
 -- run_by_key on the caller's connection, whose JSON decoding is its own: the payload as text.
 SELECT id, job, idempotency_key, NULL AS payload, payload AS payload_text, created_at,
        decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
-       skipped, tolerate
+       skipped, tolerate, priority
 FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 
 -- name: ledger_identity
@@ -466,7 +484,7 @@ SELECT file FROM pragma_database_list WHERE name = 'main';
 -- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
 -- audit), oldest first, through their own partial index; without payloads.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs INDEXED BY wl_runs_deferred
 WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
   AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
@@ -517,7 +535,7 @@ RETURNING id, stage;
 
 -- name: run_lock
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE id = :run_id;
 
 -- name: run_set_projection
@@ -532,7 +550,7 @@ WHERE id = :run_id;
 -- name: runs_page
 -- A page of runs, newest first, below a keyset cursor.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs
 WHERE id < :before AND (:job IS NULL OR job = :job)
 ORDER BY id DESC LIMIT :limit;
@@ -540,7 +558,7 @@ ORDER BY id DESC LIMIT :limit;
 -- name: runs_open
 -- Runs not complete: metrics derive each one's state.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs WHERE completed_at IS NULL ORDER BY id;
 
 -- name: runs_finished_summary
@@ -614,7 +632,7 @@ SELECT * FROM wl_events WHERE run_id = :run_id AND id > :after_id ORDER BY id LI
 -- name: runs_prunable
 -- Runs complete (a cancelled run whose items are all terminal is) before the cutoff.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
 FROM wl_runs
 WHERE completed_at IS NOT NULL AND completed_at < strftime('%Y-%m-%d %H:%M:%f', 'now', :cutoff)
   AND (:job IS NULL OR job = :job) AND id > :after_id

@@ -71,6 +71,8 @@ CREATE TABLE wl_runs (
     deadline_at TEXT,
     warn_at TEXT,
     deadline_missed_at TEXT,
+    priority INTEGER NOT NULL DEFAULT 0,
+    CHECK (priority BETWEEN -1000 AND 1000),
     UNIQUE (job, idempotency_key)
 );
 
@@ -142,3 +144,5 @@ CREATE INDEX wl_runs_deadline ON wl_runs (deadline_at) WHERE deadline_at IS NOT 
 CREATE INDEX wl_runs_deferred ON wl_runs (id) WHERE deferred_at IS NOT NULL;
 
 CREATE INDEX wl_runs_open ON wl_runs (job) WHERE completed_at IS NULL;
+
+CREATE INDEX wl_runs_priority ON wl_runs (priority, id) WHERE completed_at IS NULL;

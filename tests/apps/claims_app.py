@@ -1,0 +1,35 @@
+"""An app for the tests of the claim order (priorities): ``--app claims_app:ledger``.
+
+Payload ``{"n": N, "sink": PATH, "hold": SECONDS}`` becomes N items. Each handler holds for
+``hold`` seconds and appends ``<run_id> <seq> <pid> <start> <end>`` (wall-clock seconds) to
+``sink``, so a test sees which run's items ran when.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from workledger import Item, Ledger
+
+ledger = Ledger()
+
+
+def _split(payload: dict[str, Any]) -> Any:
+    for i in range(int(payload["n"])):
+        yield Item(key=f"k{i}", data={"sink": payload["sink"],
+                                      "hold": float(payload.get("hold", 0))})
+
+
+def _note(item: Any, ctx: Any) -> None:
+    start = time.time()
+    if item.data["hold"]:
+        time.sleep(item.data["hold"])
+    with open(item.data["sink"], "a") as f:
+        f.write(f"{ctx.run_id} {item.seq} {os.getpid()} {start:.6f} {time.time():.6f}\n")
+
+
+notes = ledger.job("notes")
+notes.decompose(_split)
+notes.stage("note", idempotent=True)(_note)
