@@ -216,6 +216,9 @@ def test_http_submits_with_a_priority(db_url: str) -> None:
         got = client.post("/api/jobs/numbers/runs?priority=4", json={"n": 1})
         assert got.status_code == 201, got.text
         assert got.json()["priority"] == 4
+        run_id = got.json()["run_id"]
+        assert "priority 4" in client.get(f"/runs/{run_id}").text  # the dashboard shows it
+        assert "priority 4" in client.get("/").text
         bad = client.post("/api/jobs/numbers/runs?priority=4000", json={"n": 2})
         assert bad.status_code == 400 and "priority" in bad.json()["error"]
         assert len(ledger.runs()) == 1
