@@ -64,7 +64,8 @@ def test_set_priority_moves_an_open_run_and_records_who_did_it(store: Store) -> 
     events = [e for e in store.events_list(second) if e.kind == "priority_changed"]
     assert len(events) == 1 and events[0].actor == "alice"
     assert events[0].detail == {"from": 0, "to": 5, "note": "month end"}
-    assert store.run_set_priority(10**9, 1, "alice", None) is False
+    with pytest.raises(Refused):  # no such run, or finished since the caller looked
+        store.run_set_priority(10**9, 1, "alice", None)
 
 
 @pytest.mark.contract
@@ -188,11 +189,12 @@ def test_the_cli_submits_with_a_priority_and_changes_it(db_url: str, tmp_path: P
     body = json.loads(got.stdout)
     assert body["priority"] == 12
     run_id = str(body["run_id"])
-    for bad in ("1001", "x", "2.5"):
+    for bad in ("1001", "x", "2.5", "\u0661\u0662", "1_000", " 7", "+5", "9" * 4000):
         refused = _cli(db_url, tmp_path, "submit", "notes", "--payload",
                        json.dumps({"n": 1, "sink": sink}), "--key", "other", "--priority", bad)
         assert refused.returncode == 2, refused
         assert len(refused.stderr.strip().splitlines()) == 1 and "priority" in refused.stderr
+        assert len(refused.stderr) < 200
     changed = _cli(db_url, tmp_path, "priority", run_id, "-5")
     assert changed.returncode == 0, changed.stderr
     assert "priority -5" in changed.stdout
@@ -262,3 +264,33 @@ def test_a_high_run_finishes_while_a_low_one_has_barely_started(db_url: str,
     # after the high run came, the low run started only what the two workers held then: a
     # chunk each, and one claim each made while the submission committed
     assert low_between <= 2 * 10 * 2, low_between
+
+
+@pytest.mark.contract
+def test_the_top_priority_is_one_index_step_per_job_however_many_runs_are_open(
+        store: Store, db_url: str) -> None:
+    from workledger.storage.queries import queries
+
+    if db_url.startswith("sqlite"):
+        import sqlite3
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+            conn.executemany("INSERT INTO wl_runs (job, idempotency_key, payload, decomposed_at,"
+                             " priority) VALUES (?, ?, '{}', '2026-01-01', ?)",
+                             [(("alpha", "beta")[i % 2], f"k{i}", i % 7) for i in range(10_000)])
+            plan = " ".join(str(r) for r in conn.execute(
+                "EXPLAIN QUERY PLAN " + queries("sqlite")["runs_top_priority"],
+                {"jobs": '["alpha", "beta"]'}))
+        assert "wl_runs_claimable" in plan and "TEMP B-TREE" not in plan, plan
+    else:
+        import psycopg
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO wl_runs (job, idempotency_key, payload, "
+                                "decomposed_at, priority) VALUES (%s, %s, '{}', now(), %s)",
+                                [(("alpha", "beta")[i % 2], f"k{i}", i % 7)
+                                 for i in range(10_000)])
+            plan = " ".join(str(r[0]) for r in conn.execute(
+                "EXPLAIN " + queries("postgres")["runs_top_priority"].replace(
+                    "%(jobs)s", "'{alpha,beta}'")))
+        assert "wl_runs_claimable" in plan and "Sort" not in plan, plan
+    assert store.runs_top_priority(["alpha", "beta"]) == 6

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -758,11 +759,11 @@ def parse_priority(text: str | None) -> int:
     :meth:`Ledger.submit` checks its range."""
     if text is None:
         return 0
-    try:
-        return int(text.strip(), 10)
-    except ValueError:
+    if re.fullmatch(r"-?[0-9]{1,5}", text, re.ASCII) is None:  # not '١٢', '1_000', ' 7'
         raise BadInput(f"priority: expected a whole number from {limits.PRIORITY_MIN} to "
-                       f"{limits.PRIORITY_MAX}, got {text!r}") from None
+                       f"{limits.PRIORITY_MAX}, got {text[:20]!r}"
+                       f"{'...' if len(text) > 20 else ''}")
+    return int(text)
 
 
 def parse_deadline(text: str | None) -> str | datetime | None:

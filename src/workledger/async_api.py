@@ -72,6 +72,12 @@ class AsyncLedger:
         return await self._call(self.ledger.submit, job_name, payload, key, deadline=deadline,
                                 priority=priority)
 
+    async def set_priority(self, run_id: int, priority: int, *, note: str | None = None,
+                           actor: str = "operator") -> bool:
+        """Change an open run's priority (``Ledger.set_priority``)."""
+        return await self._call(self.ledger.set_priority, run_id, priority, note=note,
+                                actor=actor)
+
     async def status(self, run_id: int) -> RunStatus:
         return await self._call(self.ledger.status, run_id)
 

@@ -19,7 +19,7 @@ from workledger.core import writes
 from workledger.core.states import AWAITING_VERIFY, Actor, move
 from workledger.core.status import DECOMPOSITION_FAILED
 from workledger.core.writes import Unit
-from workledger.errors import StorageError, UnknownRun, UsageError
+from workledger.errors import Refused, StorageError, UnknownRun, UsageError
 from workledger.storage import common
 from workledger.storage.calendar import Calendar
 from workledger.storage.dialect import C, Connection
@@ -97,8 +97,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         return False
 
     def run_submit(self, new: NewRun) -> tuple[RunRow, bool]:
-        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
+        params = common.run_params(new)
         with self._tx() as conn:
             inserted = conn.execute(self.Q["run_insert"], params).fetchone()
             row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
@@ -118,8 +117,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         """Only the run row (marked deferred) and its ``submitted`` event, on the caller's
         connection: a large payload's items are written after the commit, by whoever takes
         the run (``run_take_deferred``), so they never hold the caller's transaction open."""
-        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
+        params = common.run_params(new)
         with self._foreign_tx(conn) as theirs:
             inserted = theirs.execute(self.Q["run_insert_deferred"], params).fetchone()
             row = self._first(theirs.execute(self.Q["run_by_key_in"], params).fetchall())
@@ -205,13 +203,16 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
 
     def runs_top_priority(self, jobs: Sequence[str]) -> int | None:
         rows = self._read_tuples(self.Q["runs_top_priority"], {"jobs": self._list(jobs)})
-        return int(rows[0][0]) if rows else None
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def run_set_priority(self, run_id: int, priority: int, actor: str,
                          note: str | None) -> bool:
         with self._tx() as conn:
             was = conn.execute(self.Q["run_priority"], {"run_id": run_id}).fetchone()
-            if was is None or int(was["priority"]) == priority:
+            if was is None:  # completed since the caller looked (or never was)
+                raise Refused(f"run {run_id} is complete or unknown: a finished run is not "
+                              "given a new priority; nothing changed")
+            if int(was["priority"]) == priority:
                 return False
             conn.execute(self.Q["run_set_priority"], {"run_id": run_id, "priority": priority})
             conn.execute(self.Q["events_add"], common.run_event(

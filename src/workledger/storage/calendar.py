@@ -102,8 +102,7 @@ class Calendar(Dialect[C]):
         return Fired("submitted", run_id, created)
 
     def _insert_run(self, conn: Any, new: NewRun, f: Firing) -> tuple[int, bool]:
-        params = {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-                  "tolerate": new.tolerate, "closing": new.closing}
+        params = common.run_params(new)
         inserted = conn.execute(self.Q["run_insert_deferred"], params).fetchone()
         row = self._first(conn.execute(self.Q["run_by_key"], params).fetchall())
         if inserted is None:

@@ -22,6 +22,7 @@ from workledger.storage.port import (
     ItemRow,
     NewEvent,
     NewItem,
+    NewRun,
     Outlook,
     Projection,
     ReclaimParams,
@@ -295,6 +296,12 @@ def plan_after_settle(params: SettleParams, applied: set[int]) -> FinishPlan:
                                         lease_token=s.lease_token, actor=params.actor,
                                         detail=s.detail))
     return plan
+
+
+def run_params(new: NewRun) -> dict[str, Any]:
+    """The parameters of run_insert and run_insert_deferred (and run_by_key's) for ``new``."""
+    return {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
+            "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
 
 
 def run_event(run_id: int, kind: str, actor: str | None, **detail: Any) -> dict[str, Any]:

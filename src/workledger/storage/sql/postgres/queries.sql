@@ -62,14 +62,13 @@ WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
 ORDER BY priority DESC, id;
 
 -- name: runs_top_priority
--- The highest priority among the runs runs_claimable lists, from the end of wl_runs_priority:
--- a worker asks before every claim, so it is one index step while the top run is claimable
--- (paused, cancelled or undecomposed runs above it, and other jobs', are stepped over).
-SELECT priority FROM wl_runs
-WHERE completed_at IS NULL AND decomposed_at IS NOT NULL
-  AND paused_at IS NULL AND cancelled_at IS NULL
-  AND job = ANY (%(jobs)s::text[])
-ORDER BY priority DESC, id DESC LIMIT 1;
+-- The highest priority among the runs runs_claimable lists: per job, one step at the end of
+-- wl_runs_claimable (a worker asks before every claim, so never a walk over the open runs).
+SELECT max((SELECT r.priority FROM wl_runs AS r
+            WHERE r.job = j.job AND r.decomposed_at IS NOT NULL AND r.completed_at IS NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL
+            ORDER BY r.priority DESC LIMIT 1))
+FROM unnest(%(jobs)s::text[]) AS j (job);
 
 -- name: run_priority
 -- An open run's priority before set_priority changes it (locked: two operators' changes are

@@ -140,12 +140,12 @@ CREATE INDEX wl_items_stage_claimable ON wl_items USING btree (run_id, stage, id
 
 CREATE INDEX wl_items_waiting ON wl_items USING btree (run_id, not_before) WHERE ((state = 'pending'::text) AND (not_before IS NOT NULL));
 
+CREATE INDEX wl_runs_claimable ON wl_runs USING btree (job, priority, id) WHERE ((decomposed_at IS NOT NULL) AND (completed_at IS NULL) AND (paused_at IS NULL) AND (cancelled_at IS NULL));
+
 CREATE INDEX wl_runs_deadline ON wl_runs USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (completed_at IS NULL));
 
 CREATE INDEX wl_runs_deferred ON wl_runs USING btree (id) WHERE (deferred_at IS NOT NULL);
 
 CREATE INDEX wl_runs_open ON wl_runs USING btree (job) WHERE (completed_at IS NULL);
-
-CREATE INDEX wl_runs_priority ON wl_runs USING btree (priority, id) WHERE (completed_at IS NULL);
 
 CREATE SEQUENCE wl_lease_token_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;

@@ -139,10 +139,10 @@ CREATE INDEX wl_items_stage_claimable ON wl_items (run_id, stage, id) WHERE stat
 
 CREATE INDEX wl_items_waiting ON wl_items (run_id, not_before) WHERE state = 'pending' AND not_before IS NOT NULL;
 
+CREATE INDEX wl_runs_claimable ON wl_runs (job, priority, id) WHERE decomposed_at IS NOT NULL AND completed_at IS NULL AND paused_at IS NULL AND cancelled_at IS NULL;
+
 CREATE INDEX wl_runs_deadline ON wl_runs (deadline_at) WHERE deadline_at IS NOT NULL AND completed_at IS NULL;
 
 CREATE INDEX wl_runs_deferred ON wl_runs (id) WHERE deferred_at IS NOT NULL;
 
 CREATE INDEX wl_runs_open ON wl_runs (job) WHERE completed_at IS NULL;
-
-CREATE INDEX wl_runs_priority ON wl_runs (priority, id) WHERE completed_at IS NULL;
