@@ -320,10 +320,11 @@ class Worker:
     # -- claiming --------------------------------------------------------------------------
 
     def _active_runs(self, refresh: bool = False) -> list[ClaimableRun]:
-        if not refresh and self._runs and self.clock() - self._runs_at <= 1.0:
+        known = self._runs  # once: another lane's thread may replace the list meanwhile
+        if not refresh and known and self.clock() - self._runs_at <= 1.0:
             # a higher run than this list's first (another process's submission, an operator's
             # set_priority), or a first run lowered: look again now, not at the next second
-            refresh = self.store.runs_top_priority(sorted(self.jobs)) != self._runs[0].priority
+            refresh = self.store.runs_top_priority(sorted(self.jobs)) != known[0].priority
         if refresh or self.clock() - self._runs_at > 1.0:
             # runs recorded in a caller's transaction wait for a decomposer: this worker, at
             # once, if it is the first to see one (the others then claim its items)
