@@ -11,15 +11,11 @@ import os
 import time
 from typing import Any
 
-from workledger import Item, Ledger
+from limits_app import _split  # the same payload: {"n", "sink", "hold"}
+
+from workledger import Ledger
 
 ledger = Ledger()
-
-
-def _split(payload: dict[str, Any]) -> Any:
-    for i in range(int(payload["n"])):
-        yield Item(key=f"k{i}", data={"sink": payload["sink"],
-                                      "hold": float(payload.get("hold", 0))})
 
 
 def _note(item: Any, ctx: Any) -> None:
