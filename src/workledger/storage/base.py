@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 from workledger.core import writes
@@ -52,6 +52,7 @@ from workledger.storage.queries import migrations
 _CLAIM = move("claim", Actor.WORKER)
 _CANCEL = move("cancel", Actor.OPERATOR)
 _CLAIMABLE, _HELD = _CLAIM.from_state.value, _CLAIM.target.value  # pending, claimed
+_UNITS = tuple(u.value for u in Unit)  # the columns of runs_add_units' rows, after the run id
 
 # The columns of a finish's and a settle's row set (``common.finish_rows``, ``settle_rows``),
 # named as the parameters of a dialect that sends a row set as parallel arrays.
@@ -288,6 +289,17 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         if row is not None and row["cancelled_at"] is not None:
             self._cancel_pending(conn, run_id, actor, tally)
 
+    def _runs_add_units(self, conn: C, plans: common.RunPlans, actor: str) -> None:
+        """``_skip_if_cancelled`` for the runs of a chunk claimed across runs: their run rows
+        locked in id order, then every run's counters in one statement."""
+        ids = sorted(plans)
+        self._tuples(conn, self.Q["runs_lock"], {"run_ids": self._list(ids)})
+        rows = [[run_id, *(plans[run_id][0].units.get(u, 0) for u in _UNITS)] for run_id in ids]
+        for run_id, cancelled_at in self._tuples(conn, self.Q["runs_add_units"],
+                                                 self._units_rows(rows)):
+            if cancelled_at is not None:
+                self._cancel_pending(conn, int(run_id), actor, plans[int(run_id)][1])
+
     def run_reconcile(
         self, run_id: int, derive: Callable[[RunRow, dict[str, dict[str, int]]], Projection],
         repair: bool, actor: str,
@@ -310,8 +322,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
                 conn.execute(self.Q["run_set_projection"], {"run_id": run_id, **vars(derived)})
                 conn.execute(self.Q["events_add"], common.reconcile_event(
                     run_id, actor, stored, derived, stored_counts, counts))
-                self._add_counts(conn, run_id,
-                                 common.count_repairs(run_id, stored_counts, counts))
+                self._add_counts(conn, common.count_repairs(run_id, stored_counts, counts))
                 common.failpoint("reconcile.before_commit")
         return Reconciled(stored=stored, derived=derived, repaired=fix,
                           stored_counts=stored_counts, ledger_counts=counts)
@@ -347,6 +358,11 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         with self._tx() as conn:
             if params.stages:
                 rows = self._claim_by_stage(conn, params)
+            elif params.run_ids:
+                rows = self._tuples(conn, self.Q["items_claim_runs"], {
+                    "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                    "run_ids": self._list(params.run_ids), "limit": params.limit,
+                    "holder": params.holder, **self._lease_token(conn)})
             else:
                 rows = self._tuples(conn, self.Q["items_claim"], {
                     "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
@@ -361,8 +377,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
                 events = self.Q["events_add_now"] if params.stages else self.Q["events_add"]
                 self._many(conn, events, common.claim_events(claimed, params.actor))
             if claimed:
-                self._count(conn, params.run_id, common.Tally.moves(
-                    map(itemgetter(2), rows), _CLAIMABLE, _HELD))
+                self._count_runs(conn, common.tallies_of_claim(rows, _CLAIMABLE, _HELD))
         common.failpoint("claim.after_commit")
         return claimed
 
@@ -419,17 +434,18 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         with self._tx() as conn:
             groups = common.finish_groups(params.finishes, self.finish_shapes)
             if groups is None:
-                plan, tally, applied = self._finish_rows(conn, params)
+                plans, applied = self._finish_rows(conn, params)
             else:
-                plan, tally, applied = self._finish_groups(conn, params, groups)
+                plans, applied = self._finish_groups(conn, params, groups)
             started = self._mark_started(conn, params.start, params.start_token,
                                          params.start_charge)
-            self._write_plan(conn, params.run_id, plan, tally, params.actor)
+            self._write_plans(conn, plans, params.actor)
             common.failpoint("complete.before_commit")
-            if plan.handoffs:
+            if any(plan.handoffs for plan, _ in plans.values()):
                 common.failpoint("handoff.before_commit")
         common.failpoint("complete.after_commit")
-        return FinishResult(applied=sorted(applied), stale=plan.stale, started=started)
+        stale = [i for plan, _ in plans.values() for i in plan.stale]
+        return FinishResult(applied=sorted(applied), stale=sorted(stale), started=started)
 
     def _start_only(self, params: FinishParams) -> FinishResult:
         if not params.start:
@@ -447,25 +463,28 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
             "ids": self._list(ids), "token": token, "charge": charge})
         return sorted(int(r[0]) for r in rows)
 
-    def _finish_rows(self, conn: C, params: FinishParams
-                     ) -> tuple[common.FinishPlan, common.Tally, set[int]]:
+    def _finish_rows(self, conn: C, params: FinishParams) -> tuple[common.RunPlans, set[int]]:
         """The fenced update with a value per column per row (outcomes of many shapes)."""
         found = self._tuples(conn, self.Q["items_finish_if_leased"], self._row_set(
             common.finish_rows(params.finishes), FINISH_COLUMNS))
         applied = {int(r[0]) for r in found}
-        plan = common.plan_after_finish(params, applied)
-        return plan, common.Tally.of_moves(found, plan.moved, _HELD), applied
+        plans: common.RunPlans = {}
+        for run_params, run_found in common.by_run(params, found):
+            plan = common.plan_after_finish(run_params, applied)
+            plans[run_params.run_id] = (plan, common.Tally.of_moves(run_found, plan.moved, _HELD))
+        return plans, applied
 
     def _finish_groups(self, conn: C, params: FinishParams,
                        groups: dict[common.GroupKey, list[int]]
-                       ) -> tuple[common.FinishPlan, common.Tally, set[int]]:
-        """One fenced update per outcome shape, over an id list (most chunks: one shape)."""
+                       ) -> tuple[common.RunPlans, set[int]]:
+        """One fenced update per outcome shape, over an id list (most chunks: one shape), over
+        every run of the chunk at once."""
         by_group = {key: self._tuples(conn, self.Q["items_finish_group"], {
             "token": key[0], "state": key[1].state, "result": key[2], "error": key[3],
             "delay": key[4], "charge": key[5], "ids": self._list(ids)})
             for key, ids in groups.items()}
-        plan, tally = common.plan_after_groups(params, groups, by_group)
-        return plan, tally, {r[0] for rows in by_group.values() for r in rows}
+        plans = common.plans_after_groups(params, groups, by_group)
+        return plans, {r[0] for rows in by_group.values() for r in rows}
 
     def items_settle(self, params: SettleParams) -> FinishResult:
         common.checked_settles(params)
@@ -477,24 +496,29 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
             if applied:  # a redrive, a resolution or a verdict may make items claimable
                 self._wake(conn)
             plan = common.plan_after_settle(params, applied)
-            self._write_plan(conn, params.run_id, plan,
-                             common.Tally.of_moves(found, plan.moved, params.from_state),
-                             params.actor)
+            self._write_plans(conn, {params.run_id: (plan, common.Tally.of_moves(
+                found, plan.moved, params.from_state))}, params.actor)
         return FinishResult(applied=sorted(applied), stale=plan.stale)
 
-    def _write_plan(self, conn: C, run_id: int, plan: common.FinishPlan,
-                    tally: common.Tally, actor: str) -> None:
-        """What a finish or a settle writes besides the items: hand-offs, counters, history.
-        ``tally`` holds the count moves of the guarded update itself. The stage counts go
-        last: they are the rows every transaction of the run touches."""
-        if plan.handoffs:
-            for (stage,) in self._tuples(conn, self.Q["items_handoff"],
-                                         self._handoff_rows(plan.handoffs)):
-                tally.add(stage, _CLAIMABLE)
-        self._skip_if_cancelled(conn, run_id, actor, tally, plan.units)
-        if plan.events:
-            self._many(conn, self.Q["events_add"], [common.event_params(e) for e in plan.events])
-        self._count(conn, run_id, tally)
+    def _write_plans(self, conn: C, plans: common.RunPlans, actor: str) -> None:
+        """What a finish or a settle writes besides the items, for each run of its chunk:
+        hand-offs, counters, history. Each plan's tally holds the count moves of the guarded
+        update itself. The run rows are taken in id order, and the stage counts go last, all
+        runs' in one sorted statement: they are the rows every transaction of a run touches."""
+        handoffs = [h for plan, _ in plans.values() for h in plan.handoffs]
+        if handoffs:
+            for run_id, stage in self._tuples(conn, self.Q["items_handoff"],
+                                              self._handoff_rows(handoffs)):
+                plans[run_id][1].add(stage, _CLAIMABLE)
+        if len(plans) == 1:
+            for run_id, (plan, tally) in plans.items():
+                self._skip_if_cancelled(conn, run_id, actor, tally, plan.units)
+        else:
+            self._runs_add_units(conn, plans, actor)
+        events = [common.event_params(e) for plan, _ in plans.values() for e in plan.events]
+        if events:
+            self._many(conn, self.Q["events_add"], events)
+        self._count_runs(conn, {run_id: tally for run_id, (_, tally) in plans.items()})
 
     # -- items: reads ------------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
@@ -151,6 +151,80 @@ def finish_groups(finishes: Sequence[Finish], most: int) -> dict[GroupKey, list[
     return groups
 
 
+RunPlans = dict[int, "tuple[FinishPlan, Tally]"]  # run id -> what a write does in that run
+
+
+def by_run(params: FinishParams, found: Sequence[Any]
+           ) -> list[tuple[FinishParams, Sequence[Any]]]:
+    """A finish's outcomes and the ``(id, stage)`` rows its guarded update changed, run by run
+    (``run_of``: a chunk claimed across runs), in run order; one run: as they are."""
+    run_of = params.run_of
+    if not run_of or len(set(run_of.values())) < 2:
+        return [(params, found)]
+    finishes: dict[int, list[Finish]] = {}
+    for f in params.finishes:
+        finishes.setdefault(run_of[f.id], []).append(f)
+    rows = _bucket(found, run_of)
+    return [(replace(params, run_id=run_id, finishes=mine), rows.get(run_id, []))
+            for run_id, mine in sorted(finishes.items())]
+
+
+def _bucket(rows: Iterable[Any], run_of: Mapping[int, int]) -> dict[int, list[Any]]:
+    """Rows whose first column is an item id, by the item's run (one pass)."""
+    out: dict[int, list[Any]] = {}
+    for r in rows:
+        out.setdefault(run_of[int(r[0])], []).append(r)
+    return out
+
+
+def plans_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
+                       found: dict[GroupKey, list[Any]]) -> RunPlans:
+    """``plan_after_groups`` for a chunk claimed across runs (``params.run_of``): each run's
+    units, hand-offs, stale results and count moves, in one pass over the changed rows."""
+    run_of = params.run_of
+    if not run_of or len(set(run_of.values())) < 2:
+        return {params.run_id: plan_after_groups(params, groups, found)}
+    plans: RunPlans = {}
+
+    def plan_of(run_id: int) -> tuple[FinishPlan, Tally]:
+        got = plans.get(run_id)
+        if got is None:
+            got = plans[run_id] = (FinishPlan(), Tally())
+        return got
+
+    for key, ids in groups.items():
+        rows = found[key]
+        write, next_stage = key[1], key[6]
+        state, unit = write.state, write.unit
+        if len(rows) != len(ids):
+            done = {r[0] for r in rows}
+            for i in ids:
+                if i not in done:
+                    plan = plan_of(run_of[i])[0]
+                    plan.stale.append(i)
+                    plan.events.append(NewEvent(
+                        run_id=run_of[i], item_id=i, kind="stale_result", lease_token=key[0],
+                        actor=params.actor,
+                        detail=json.dumps({"discarded_state": state, "error": key[3]})))
+        for item_id, stage in rows:
+            plan, tally = plan_of(run_of[item_id])
+            if unit:
+                plan.units[unit] += 1
+            if next_stage:
+                plan.handoffs.append([item_id, next_stage])
+            tally.move(stage, _HELD, state)
+    return plans
+
+
+def tallies_of_claim(rows: Sequence[Any], old: str, new: str) -> dict[int, Tally]:
+    """The count moves of a claim's rows (ClaimedItem's order: run_id second, stage third),
+    per run."""
+    stages: dict[int, list[str]] = {}
+    for r in rows:
+        stages.setdefault(r[1], []).append(r[2])
+    return {run_id: Tally.moves(s, old, new) for run_id, s in stages.items()}
+
+
 def plan_after_groups(params: FinishParams, groups: dict[GroupKey, list[int]],
                       found: dict[GroupKey, list[tuple[int, str]]]) -> tuple[FinishPlan, Tally]:
     """``plan_after_finish`` for grouped outcomes: per shape, not per item, when all applied.
@@ -259,7 +333,10 @@ def counts_of(rows: Iterable[Any]) -> dict[str, dict[str, int]]:
 def no_units() -> dict[str, int]:
     """``run_add_units`` parameters that add nothing: one per unit counter, and ``total``
     (which only a decomposition batch adds to: :func:`inserted_units`)."""
-    return {"total": 0, **{u.value: 0 for u in Unit}}
+    return dict(_NO_UNITS)  # a copy: a chunk across runs makes one per run
+
+
+_NO_UNITS = {"total": 0, **{u.value: 0 for u in Unit}}
 
 
 @dataclass

@@ -10,7 +10,7 @@ migrations). Row decoding is written here once over the value hooks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -86,8 +86,9 @@ class Dialect(ABC, Generic[C]):
         writes nothing at all)."""
 
     @abstractmethod
-    def _add_counts(self, conn: C, run_id: int, rows: CountRows) -> None:
-        """``counts_add`` for sorted rows (nothing when there are none)."""
+    def _add_counts(self, conn: C, rows: CountRows) -> None:
+        """``counts_add`` for rows sorted by (run, stage, state), of one run or of several
+        (nothing when there are none)."""
 
     @abstractmethod
     def _item_rows(self, params: ItemsInsert) -> Any:
@@ -131,6 +132,11 @@ class Dialect(ABC, Generic[C]):
     @abstractmethod
     def _handoff_rows(self, handoffs: list[list[Any]]) -> dict[str, Any]:
         """``[id, next_stage]`` pairs as the parameters of ``items_handoff``, in their order."""
+
+    @abstractmethod
+    def _units_rows(self, rows: list[list[Any]]) -> dict[str, Any]:
+        """``[run_id, processed, failed, skipped]`` rows as the parameters of
+        ``runs_add_units``."""
 
     @abstractmethod
     def _lease(self, seconds: float) -> Any:
@@ -184,7 +190,13 @@ class Dialect(ABC, Generic[C]):
         return rows[0]
 
     def _count(self, conn: C, run_id: int, tally: common.Tally) -> None:
-        self._add_counts(conn, run_id, tally.rows(run_id))
+        self._add_counts(conn, tally.rows(run_id))
+
+    def _count_runs(self, conn: C, tallies: Mapping[int, common.Tally]) -> None:
+        """The count moves of several runs (a chunk across runs) in one statement, sorted: the
+        counter rows are still the last ones the transaction takes, in the one order."""
+        self._add_counts(conn, [r for run_id in sorted(tallies)
+                                for r in tallies[run_id].rows(run_id)])
 
     # -- rows --------------------------------------------------------------------------------
 

@@ -126,6 +126,10 @@ class ClaimParams:
     job: str = ""
     stages: tuple[str, ...] = ()
     limits: tuple[StageLimit, ...] = ()
+    # A claim across runs (issue 25): the pending items of these runs of run_id's job, run by
+    # run in id order, in one statement (after_id, closing and stages do not apply); empty:
+    # run_id's items only.
+    run_ids: tuple[int, ...] = ()
 
 
 class ClaimedItem(NamedTuple):
@@ -181,6 +185,9 @@ class FinishParams:
     start: Sequence[int] = ()
     start_token: int = 0
     start_charge: int = 0
+    # the outcomes of a chunk claimed across runs: the run of each finished item's id (every
+    # run's counters, events and completion its own); None: all of them are run_id's
+    run_of: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True)

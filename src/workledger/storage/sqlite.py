@@ -398,7 +398,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     def _lease_token_taken(self, conn: sqlite3.Connection) -> None:
         conn.execute(self.Q["lease_token_next"]).fetchone()
 
-    def _add_counts(self, conn: sqlite3.Connection, run_id: int, rows: CountRows) -> None:
+    def _add_counts(self, conn: sqlite3.Connection, rows: CountRows) -> None:
         if rows:
             conn.executemany(self.Q["counts_add"], rows)
 
@@ -424,6 +424,9 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
 
     def _handoff_rows(self, handoffs: list[list[Any]]) -> dict[str, Any]:
         return {"rows": json.dumps(handoffs)}
+
+    def _units_rows(self, rows: list[list[Any]]) -> dict[str, Any]:
+        return {"rows": json.dumps(rows)}
 
     def _lease(self, seconds: float) -> str:
         return f"+{float(seconds):.3f} seconds"

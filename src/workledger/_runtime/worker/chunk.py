@@ -80,6 +80,8 @@ class Chunk:
         self.job = job
         self.items = items
         self.run_id = items[0].run_id
+        # a chunk claimed across runs (issue 25): each outcome is written in its own run
+        self.run_of = runs_of(items)
         self.token = items[0].lease_token
         self.finishes: list[Finish] = []
         self.held = {i.id for i in items}  # leased to this chunk, outcome not written yet
@@ -355,11 +357,17 @@ class Chunk:
 
     def release(self, ids: list[int]) -> None:
         self.held.difference_update(ids)
-        if ids:
-            n = self.store.items_release(LeaseParams(self.run_id, ids, self.token,
+        if not ids:
+            return
+        by_run: dict[int, list[int]] = {}
+        for item_id in ids:
+            by_run.setdefault(self.run_of[item_id] if self.run_of else self.run_id,
+                              []).append(item_id)
+        n = sum(self.store.items_release(LeaseParams(run_id, mine, self.token,
                                                      actor=self.worker.worker_id))
-            with self.worker.count_lock:
-                self.worker.report.released += n
+                for run_id, mine in sorted(by_run.items()))
+        with self.worker.count_lock:
+            self.worker.report.released += n
 
     def flush(self, start: Sequence[ClaimedItem] = (), charge: int = 0) -> list[int]:
         """Write the outcomes gathered so far (and record the starts of ``start``, each charged
@@ -373,11 +381,20 @@ class Chunk:
         result = self.store.items_finish_if_leased(
             FinishParams(self.run_id, finishes, actor=self.worker.worker_id,
                          start=[i.id for i in start], start_token=self.token,
-                         start_charge=charge))
+                         start_charge=charge, run_of=self.run_of))
         count(self.worker, self.run_id, finishes, result)
         if result.applied and any(f.next_stage for f in finishes):
             self.worker.nudge()  # their next stage's items are claimable: an idle lane looks
         return result.started
+
+
+def runs_of(items: Sequence[ClaimedItem]) -> dict[int, int] | None:
+    """The run of each item's id when the items are of several runs (a claim across runs);
+    None when they are all of one."""
+    first = items[0].run_id
+    if all(i.run_id == first for i in items):
+        return None
+    return {i.id: i.run_id for i in items}
 
 
 def after_timeout(idempotent: bool, last_attempt: bool) -> str:
@@ -519,7 +536,8 @@ class LateResults:
             finishes.append(finish._replace(detail=json.dumps(facts)))  # each records one
         run_id = overrun.items[0].run_id
         result = worker.store.items_finish_if_leased(
-            FinishParams(run_id, finishes, actor=worker.worker_id))
+            FinishParams(run_id, finishes, actor=worker.worker_id,
+                         run_of=runs_of(overrun.items)))
         count(worker, run_id, finishes, result)
         worker.nudge()
 

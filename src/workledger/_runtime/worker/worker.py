@@ -338,14 +338,48 @@ class Worker:
         priority first, and among runs of one priority in turn, so a small run is not stuck
         behind a big one; a lower priority only when no higher run has anything claimable."""
         for group in _by_priority(self._active_runs()):
-            for i in range(len(group)):
+            i = 0
+            while i < len(group):
                 k = (lane.turn + i) % len(group)
-                chunk = self._claim_from(group[k].id, self.jobs[group[k].job], lane)
-                if chunk:
-                    lane.turn = k + 1
+                job = self.jobs[group[k].job]
+                window = self._window(group, k, job, lane)
+                if len(window) > 1:
+                    chunk = self._claim_across(window, job)
+                else:
+                    chunk = self._claim_from(group[k].id, job, lane)
+                if chunk:  # the next claim starts after the last run this one took from
+                    last = max(c.run_id for c in chunk)
+                    lane.turn = k + window.index(last) + 1
                     return chunk
+                i += len(window)  # nothing claimable in any run of the window
         self._runs_at = -1e9  # nothing anywhere: look for new runs next time
         return []
+
+    def _window(self, group: list[ClaimableRun], k: int, job: Job, lane: Lane) -> list[int]:
+        """The runs one claim may take items of, from the run whose turn it is: it and the
+        runs after it in the rotation of one priority (in id order: no wrap), of the same job,
+        at most a chunk's worth. One run when the job's claim goes stage by stage (limits, or
+        a lane of some stages only): those claims are one run's."""
+        stages, _ = job.claim_plan()
+        if stages or lane.stages is not None:
+            return [group[k].id]
+        size = self._claim_size(job)
+        window = []
+        for run in group[k:k + size]:
+            if run.job != job.name:
+                break
+            window.append(run.id)
+        return window
+
+    def _claim_across(self, run_ids: list[int], job: Job) -> list[ClaimedItem]:
+        """One claim over several runs' items (ClaimParams.run_ids): many small runs drain
+        like one big one."""
+        chunk = self.store.items_claim(ClaimParams(
+            run_id=run_ids[0], run_ids=tuple(run_ids), limit=self._claim_size(job),
+            lease_seconds=self.options.lease, actor=self.worker_id,
+            record_event=job.full_history, holder=self.holder))
+        self._counted("claimed", len(chunk))
+        return chunk
 
     def _claim_from(self, run_id: int, job: Job, lane: Lane) -> list[ClaimedItem]:
         stages, limits = job.claim_plan()

@@ -108,8 +108,9 @@ ORDER BY stage COLLATE "C", state COLLATE "C" FOR UPDATE;
 -- One row per (stage, state) a transaction moved, sorted, as the transaction's last statement:
 -- every transaction takes these hot rows in the same order, after all its other locks.
 INSERT INTO wl_stage_counts (run_id, stage, state, n)
-SELECT %(run_id)s, c.stage, c.state, c.n
-FROM unnest(%(stages)s::text[], %(states)s::text[], %(ns)s::bigint[]) AS c (stage, state, n)
+SELECT c.run_id, c.stage, c.state, c.n
+FROM unnest(%(run_ids)s::bigint[], %(stages)s::text[], %(states)s::text[], %(ns)s::bigint[])
+     AS c (run_id, stage, state, n)
 ON CONFLICT (run_id, stage, state) DO UPDATE SET n = wl_stage_counts.n + excluded.n;
 
 -- name: run_waits
@@ -138,6 +139,28 @@ UPDATE wl_runs SET
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
 RETURNING cancelled_at;
+
+-- name: runs_lock
+-- Before runs_add_units: the run rows of a chunk claimed across runs, locked in id order (the
+-- order every writer of several runs takes them: docs/design.md, "Lock order on PostgreSQL").
+SELECT id FROM wl_runs WHERE id = ANY (%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- name: runs_add_units
+-- run_add_units for the runs of a chunk claimed across runs, in one statement, one row per
+-- run; total is not moved (a finish adds none).
+UPDATE wl_runs AS r SET
+    processed = r.processed + u.processed,
+    failed = r.failed + u.failed,
+    skipped = r.skipped + u.skipped,
+    completed_at = CASE
+        WHEN r.decomposed_at IS NOT NULL
+             AND r.processed + u.processed + r.failed + u.failed + r.skipped + u.skipped
+                 >= r.total
+        THEN COALESCE(r.completed_at, now()) END
+FROM unnest(%(run_ids)s::bigint[], %(processed)s::bigint[], %(failed)s::bigint[],
+            %(skipped)s::bigint[]) AS u (id, processed, failed, skipped)
+WHERE r.id = u.id
+RETURNING r.id, r.cancelled_at;
 
 -- name: items_insert
 -- moves: (none) -> pending, skipped
@@ -182,6 +205,44 @@ UPDATE wl_items SET
     lease_until = now() + make_interval(secs => %(lease)s::float8),
     updated_at = now()
 -- an id array, not a join: a join lets the planner hash the whole table for every claim
+WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
+          wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
+
+-- name: items_claim_runs
+-- moves: pending -> claimed
+-- A claim across runs (ClaimParams.run_ids, issue 25): the pending items of several runs of one
+-- job (the first run's) in one statement, run by run in id order, each run through its own
+-- scan of wl_items_claimable (LATERAL, LIMIT): O(limit + runs listed) however big the runs
+-- are, since the outer LIMIT stops the walk. A run paused, cancelled, not yet decomposed or of
+-- another job gives nothing; the closing entry never. The token as in items_claim.
+WITH token AS (SELECT (('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))
+                           ::bit(32)::bigint << 40) + nextval('wl_lease_token_seq') AS value),
+job AS (SELECT job FROM wl_runs WHERE id = %(run_id)s),
+picked AS (
+    -- run by run (LATERAL, one run's claimable items each), in id order; a run's own checks
+    -- are a one-row primary-key lookup per run, never a walk of the job's runs
+    SELECT i.id FROM (SELECT DISTINCT id FROM unnest(%(run_ids)s::bigint[]) AS u (id)
+                      ORDER BY id) AS u
+    CROSS JOIN LATERAL (
+        SELECT w.id FROM wl_items AS w
+        WHERE w.run_id = u.id AND w.state = 'pending' AND w.stage <> '@close'
+          AND (w.not_before IS NULL OR w.not_before <= now())
+          AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = u.id
+                      AND r.job = (SELECT job FROM job) AND r.decomposed_at IS NOT NULL
+                      AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+        ORDER BY w.id LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED) AS i
+    LIMIT %(limit)s)
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    not_before = NULL,  -- a retry's backoff is served once it is claimed (items_claim)
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
+    lease_token = (SELECT value FROM token),
+    holder = %(holder)s,
+    lease_until = now() + make_interval(secs => %(lease)s::float8),
+    updated_at = now()
 WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
@@ -329,7 +390,7 @@ FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
 JOIN wl_items AS i ON i.id = h.id
 WHERE i.id = ANY (%(ids)s::bigint[])  -- lets the planner fetch by primary key, never scan
 ON CONFLICT (run_id, stage, seq) DO NOTHING
-RETURNING stage;
+RETURNING run_id, stage;
 
 -- name: items_list
 SELECT * FROM wl_items

@@ -134,6 +134,28 @@ UPDATE wl_runs SET
 WHERE id = :run_id
 RETURNING cancelled_at;
 
+-- name: runs_lock
+-- Before runs_add_units: nothing to take on SQLite (one writer at a time already); the name
+-- is the PostgreSQL statement's, which locks the run rows in id order.
+SELECT id FROM wl_runs WHERE id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: runs_add_units
+-- run_add_units for the runs of a chunk claimed across runs, in one statement: rows
+-- [run_id, processed, failed, skipped], one per run; total is not moved (a finish adds none).
+UPDATE wl_runs SET
+    processed = processed + json_extract(u.value, '$[1]'),
+    failed = failed + json_extract(u.value, '$[2]'),
+    skipped = skipped + json_extract(u.value, '$[3]'),
+    completed_at = CASE
+        WHEN decomposed_at IS NOT NULL
+             AND processed + json_extract(u.value, '$[1]') + failed
+                 + json_extract(u.value, '$[2]') + skipped + json_extract(u.value, '$[3]')
+                 >= total
+        THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
+FROM json_each(:rows) AS u
+WHERE wl_runs.id = json_extract(u.value, '$[0]')
+RETURNING id, cancelled_at;
+
 -- name: items_insert
 -- moves: (none) -> pending, skipped
 -- positional parameters (run_id, stage, seq, key, data, state, error): tuples are cheaper
@@ -177,6 +199,35 @@ WHERE id IN (
     ORDER BY id LIMIT :limit)
   AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: items_claim_runs
+-- moves: pending -> claimed
+-- A claim across runs (ClaimParams.run_ids, issue 25): the pending items of several runs of one
+-- job (the first run's) in one statement, run by run in id order, each through
+-- wl_items_claimable: O(limit + runs listed) however big the runs are. A run paused,
+-- cancelled, not yet decomposed or of another job gives nothing; the closing entry never.
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    not_before = NULL,  -- a retry's backoff is served once it is claimed (items_claim)
+    held_until = NULL,  -- a broker's hold ends with any claim (0013)
+    lease_token = :token,
+    holder = :holder,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (
+    SELECT id FROM wl_items INDEXED BY wl_items_claimable
+    -- the runs through their primary key (CROSS JOIN: never a walk of the job's runs)
+    WHERE run_id IN (
+        SELECT r.id FROM json_each(:run_ids) AS j CROSS JOIN wl_runs AS r ON r.id = j.value
+        WHERE r.job = (SELECT job FROM wl_runs WHERE id = :run_id)
+          AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+      AND state = 'pending' AND stage <> '@close'
+      -- due, or written by a clock ahead of this one (updated_at, same statement):
+      AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+           OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    ORDER BY run_id, id LIMIT :limit)
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
 
 -- name: items_claim_stage
@@ -305,7 +356,7 @@ SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data, i.redispat
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
 WHERE true
 ON CONFLICT (run_id, stage, seq) DO NOTHING
-RETURNING stage;
+RETURNING run_id, stage;
 
 -- name: items_list
 SELECT * FROM wl_items
