@@ -32,6 +32,8 @@ from typing import Any
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 DELIVER = "workledger.contrib.rq.deliver"
 KEEP_SEEN = 200  # message bodies kept for stale copies
+DUP_ORDER = ("running", "queued", "stale")  # the fallbacks of a copy that finds nothing
+LOOK_EVERY = 0.5  # seconds between looks at the queue (stale copies need bodies seen)
 
 
 def why_not() -> str | None:
@@ -104,24 +106,31 @@ class RQBroker:
             self.seen.extend((now, b) for b in bodies)
             del self.seen[:-KEEP_SEEN]
 
-    def duplicate(self, mode: str, pick: float) -> int:
-        """Publish copies of messages (see the module's doc); how many."""
+    def duplicate(self, mode: str, pick: float) -> tuple[str, int]:
+        """Publish copies of messages (see the module's doc): the drawn ``mode`` first, then
+        the others, so that a queue the workers keep empty still gets its copies (a drawn
+        ``queued`` finds none most of the time); the mode done and how many."""
+        self.look()
+        for each in [mode, *[m for m in DUP_ORDER if m != mode]]:
+            bodies = self._copies(each, pick)
+            if bodies:
+                for body in bodies:
+                    self.queue.enqueue(DELIVER, body, result_ttl=0)
+                self.copies += len(bodies)
+                return each, len(bodies)
+        return mode, 0
+
+    def _copies(self, mode: str, pick: float) -> list[Any]:
         from rq.registry import StartedJobRegistry
 
-        self.look()
         if mode == "queued":
-            bodies = self._bodies(self.queue.get_job_ids()[:20])
-        elif mode == "running":
+            return self._bodies(self.queue.get_job_ids()[:20])
+        if mode == "running":
             registry = StartedJobRegistry(self.queue_name, connection=self.redis)
-            bodies = self._bodies(registry.get_job_ids()[:20])
-        else:  # stale: seen two seconds ago or more
-            with self._lock:
-                old = [b for at, b in self.seen if time.time() - at >= 2.0]
-            bodies = old[int(pick * len(old)):][:10]
-        for body in bodies:
-            self.queue.enqueue(DELIVER, body, result_ttl=0)
-        self.copies += len(bodies)
-        return len(bodies)
+            return self._bodies(registry.get_job_ids()[:20])
+        with self._lock:  # stale: seen two seconds ago or more
+            old = [b for at, b in self.seen if time.time() - at >= 2.0]
+        return old[int(pick * len(old)):][:10]
 
     def take_out(self) -> list[str]:
         """Take every waiting message out of the queue (their jobs are kept); their ids."""

@@ -196,11 +196,11 @@ def _duplicate(rnd: Target, fault: Fault) -> str:
     """Copies of messages published again (broker.py): none to copy yet is ``later``."""
     if rnd.broker is None:
         return "dropped"
-    n = rnd.broker.duplicate(fault.mode, fault.pick)
+    mode, n = rnd.broker.duplicate(fault.mode, fault.pick)
     if n == 0:
         return "later"
-    rnd.log(f"broker: {n} {fault.mode} messages published again")
-    rnd.counted("broker_dup", time.monotonic(), fault.mode)
+    rnd.log(f"broker: {n} {mode} messages published again (drawn: {fault.mode})")
+    rnd.counted("broker_dup", time.monotonic(), mode)
     return "done"
 
 

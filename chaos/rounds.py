@@ -23,7 +23,7 @@ from typing import Any
 import oracle
 import sink as sinkmod
 from backend import Db, Unreachable
-from broker import RQBroker
+from broker import LOOK_EVERY, RQBroker
 from faults import inject
 from oracle import Violation
 from plan import RoundPlan, RunPlan
@@ -114,7 +114,7 @@ class Round:
         self.running = True
         self.t0 = time.monotonic()
         self.waiting_for = ""  # what recovery still waits for, as last seen
-        self._snapped = self._told = 0.0
+        self._snapped = self._told = self._looked = 0.0
 
     # -- what faults.py uses (target.py's Target) --------------------------------------------------
 
@@ -323,6 +323,9 @@ class Round:
             self.cuts_counted += 1
             self.log("lost_ack: a COMMIT went through, its acknowledgement was cut")
             self.counted("lost_ack", now)
+        if self.broker is not None and now - self._looked >= LOOK_EVERY:
+            self._looked = now
+            self.broker.look()  # the bodies a stale copy publishes again
         if now - self._snapped >= SNAPSHOT_EVERY:
             self._snapped = now
             if self.db.sqlite:
