@@ -6,17 +6,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
-from workledger._runtime import inputs, overview
+from workledger._runtime import inputs, many, overview
 from workledger._runtime.broker.delivery import Delivery
 from workledger._runtime.broker.dispatch import Broker, Outbox, dispatching
 from workledger._runtime.decompose import decompose
@@ -37,7 +38,7 @@ from workledger._runtime.repair.operations import RESOLVE_TARGETS, History
 from workledger._runtime.repair.reconcile import differences, reconcile
 from workledger._runtime.repair.retention import PruneReport
 from workledger._runtime.repair.sweeper import Sweeper, SweepLoop, SweepReport
-from workledger._runtime.status import status_of
+from workledger._runtime.status import status_of, status_of_new
 from workledger._runtime.worker.holder import WorkerOptions, WorkReport
 from workledger._runtime.worker.worker import Worker
 from workledger.core import durations, limits
@@ -311,6 +312,45 @@ class Ledger:
         # its real state through the ledger's own store: a run of this transaction, which
         # it cannot see yet, has no item: accepted
         return Submission(run.id, created, self._status_of(run))
+
+    def submit_many(self, job_name: str, runs: Iterable[tuple[Any, str | None]], *,
+                    priority: int = 0) -> list[Submission]:
+        """Record many runs of one job in one transaction, each decomposed, and return one
+        :class:`Submission` per ``(payload, key)`` pair, in order.
+
+        Each pair answers as :meth:`submit` would: a key that names a run already returns
+        that run as it is (``created=False``), and a key given twice in the call is one run.
+        Before anything is written the whole call is checked: a bad key, a payload that is not
+        JSON, a decomposer that raises (:class:`DecompositionFailed`, ``run_id`` 0) or a key
+        reused with another payload (:class:`PayloadMismatch`) writes no run of the call.
+        Meant for many small runs (a notification batch, one run per customer): every run's
+        items are held in memory until the commit; a big run goes through :meth:`submit`,
+        which writes its items in batches. A job dispatched through a broker records its runs
+        one :meth:`submit` at a time (each owes its messages)."""
+        job = self.job_named(job_name)
+        job.check_ready()
+        rank = inputs.priority_of(priority)
+        entries, where = many.planned(job, runs, rank,
+                                      inputs.deadline_of(None, job.deadline,
+                                                         job.deadline_warning))
+        if self.dispatch is not None:
+            subs = [self.submit(job.name, json.loads(e.run.payload), key=e.run.idempotency_key,
+                                priority=rank) for e in entries]
+            return many.in_order(subs, where)
+        recorded = self.store.runs_submit_many(
+            entries, check=lambda run, new: self._same_payload(job, run, new.payload))
+        answers: list[Submission] = []
+        for entry, (run, created) in zip(entries, recorded, strict=True):
+            if created:
+                answers.append(Submission(run.id, True, status_of_new(
+                    run, job, many.counts_of(entry))))
+            elif run.decomposed_at is None and run.error is None and run.cancelled_at is None:
+                # cut short before (a crash mid-submit): carried on now, as submit would
+                answers.append(Submission(run.id, False, self._status_of(
+                    self._decompose(job, run, resume=True)), resumed=True))
+            else:
+                answers.append(Submission(run.id, False, self._status_of(run)))
+        return many.in_order(answers, where)
 
     @staticmethod
     def _same_payload(job: Job, run: RunRow, text: str) -> None:

@@ -37,6 +37,9 @@ class Submitter(Protocol):
     def submit(self, job_name: str, payload: Any, key: str | None = None,
                conn: Any = None, *, deadline: Any = None, priority: int = 0) -> Submission: ...
 
+    def submit_many(self, job_name: str, runs: Iterable[tuple[Any, str | None]], *,
+                    priority: int = 0) -> list[Submission]: ...
+
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
 Verify = Callable[[Any, Any], Any]
@@ -349,6 +352,12 @@ class Job:
         ``priority``: -1000 to 1000, higher claimed first (:meth:`workledger.Ledger.submit`)."""
         return self.ledger.submit(self.name, payload, key=key, conn=conn, deadline=deadline,
                                   priority=priority)
+
+    def submit_many(self, runs: Iterable[tuple[Any, str | None]], *,
+                    priority: int = 0) -> list[Submission]:
+        """Record many runs of this job in one transaction, one per ``(payload, key)`` pair,
+        and report each one's real state (:meth:`workledger.Ledger.submit_many`)."""
+        return self.ledger.submit_many(self.name, runs, priority=priority)
 
     def check_ready(self) -> None:
         if self.decomposer is None:

@@ -71,7 +71,7 @@ def _pull(rows: Iterator[NewItem], batch: int) -> tuple[list[NewItem], Exception
     return chunk, None
 
 
-def _failure(error: Exception) -> str:
+def failure_of(error: Exception) -> str:
     """The run's error for a decomposer that raised; ``Permanent`` marks it as one no retry
     can mend (the run fails now instead of being decomposed again)."""
     if isinstance(error, Permanent):
@@ -103,7 +103,7 @@ def decompose(store: Store, job: Job, run: RunRow, batch: int | None = None, *,
             _write(store, run, first, chunk, check_existing, actor)
             count = chunk[-1].seq + 1
         if error is not None:
-            message = _failure(error)
+            message = failure_of(error)
             store.run_record_error(run.id, reason_text(message), actor)
             raise DecompositionFailed(message, run.id) from error
         if len(chunk) < size:

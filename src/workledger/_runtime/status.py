@@ -3,7 +3,9 @@ CLI, the facade and the sweeper's closing hook), from the projection and the run
 
 from __future__ import annotations
 
-from workledger.core.status import DECOMPOSITION_FAILED, RunFacts, derive
+from functools import lru_cache
+
+from workledger.core.status import DECOMPOSITION_FAILED, Derived, RunFacts, derive
 from workledger.jobs import Job
 from workledger.results import RunStatus
 from workledger.storage.port import RunRow, Store
@@ -21,6 +23,31 @@ def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
     when loaded, for the order of its stages)."""
     counts = store.run_counts(run.id)
     expired, waiting, verifying = store.run_waits(run.id)
+    return _status(run, job, counts, expired, waiting, verifying,
+                   decompose_failures(store, run))
+
+
+def status_of_new(run: RunRow, job: Job, counts: dict[str, dict[str, int]]) -> RunStatus:
+    """The status of a run its caller has just recorded and decomposed in one transaction
+    (``submit_many``), from the counts of the rows it wrote: no lease, no retry, no failed
+    decomposition yet, so nothing to read back. Runs of one shape (10,000 runs of one item)
+    share one derivation."""
+    shape = tuple((stage, tuple(sorted(states.items()))) for stage, states in counts.items())
+    d = _derive_new(tuple(s.name for s in job.stages), shape, _tolerance(run, job),
+                    run.decomposed_at is not None)
+    return _from(run, counts, d)
+
+
+@lru_cache(maxsize=64)
+def _derive_new(stages: tuple[str, ...], shape: tuple[tuple[str, tuple[tuple[str, int], ...]],
+                                                      ...],
+                tolerate: float | int, decomposed: bool) -> Derived:
+    return derive(RunFacts(stages=stages, counts={st: dict(c) for st, c in shape},
+                           decomposed=decomposed, tolerate=tolerate))
+
+
+def _status(run: RunRow, job: Job | None, counts: dict[str, dict[str, int]], expired: int,
+            waiting: int, verifying: int, failures: int) -> RunStatus:
     facts = RunFacts(
         stages=[s.name for s in job.stages] if job else list(counts),
         counts=counts,
@@ -31,10 +58,13 @@ def status_of(store: Store, run: RunRow, job: Job | None) -> RunStatus:
         expired_leases=expired,
         retries_waiting=waiting,
         verifying=verifying,
-        decompose_failures=decompose_failures(store, run),
+        decompose_failures=failures,
         tolerate=_tolerance(run, job),
     )
-    d = derive(facts)
+    return _from(run, counts, derive(facts))
+
+
+def _from(run: RunRow, counts: dict[str, dict[str, int]], d: Derived) -> RunStatus:
     return RunStatus(
         run_id=run.id, job=run.job, key=run.idempotency_key, state=d.state.value,
         total=d.units.total, complete=d.complete, counts=counts,

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -77,6 +77,43 @@ def read_payload(payload: str | None, payload_file: str | None) -> dict[str, Any
     return value
 
 
+MANY_FIELDS = frozenset({"payload", "key"})
+
+
+def read_many(path: str) -> list[tuple[dict[str, Any], str | None]]:
+    """``submit --many``: one run per line, ``{"payload": {...}, "key": "..."}`` (key optional;
+    blank lines are nothing), every line checked before anything is submitted."""
+    runs: list[tuple[dict[str, Any], str | None]] = []
+    try:
+        with (nullcontext(sys.stdin) if path == "-" else open(path, encoding="utf-8")) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    runs.append(_many_line(line, n))
+                if len(runs) > limits.LIST_MAX:
+                    raise BadInput(f"{path}: more than {limits.LIST_MAX:,} runs; submit them "
+                                   "in several files")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {path}: {exc}") from exc
+    return runs
+
+
+def _many_line(line: str, n: int) -> tuple[dict[str, Any], str | None]:
+    try:
+        value = json.loads(line)
+    except RecursionError as exc:
+        raise BadInput(f"line {n}: nested deeper than {limits.DEPTH} levels") from exc
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        raise BadInput(f"line {n}: not JSON: {str(exc).split(';')[0]}") from exc
+    if not isinstance(value, dict) or not isinstance(value.get("payload"), dict):
+        raise BadInput(f'line {n}: expected {{"payload": {{...}}, "key": "..."}}')
+    if extra := sorted(set(value) - MANY_FIELDS):
+        raise BadInput(f"line {n}: unknown field {show(extra[0])} (payload and key only)")
+    key = value.get("key")
+    if key is not None and not isinstance(key, str):
+        raise BadInput(f"line {n}: key must be a string")
+    return value["payload"], key
+
+
 def submission_line(created: bool, st: RunStatus, resumed: bool = False) -> str:
     done = f"{st.processed} processed, {st.failed} failed, {st.skipped} skipped of {st.total}"
     error = f"; error: {one_line(st.error)}" if st.error else ""
@@ -103,10 +140,13 @@ def submission_line(created: bool, st: RunStatus, resumed: bool = False) -> str:
 @click.option("--priority", metavar="N",
               help="A whole number from -1000 to 1000: a claimable item of a higher-priority "
                    "run is claimed before any of a lower one. [default 0]")
+@click.option("--many", metavar="PATH",
+              help="Record many runs at once, one per line of a JSON-lines file ('-': stdin): "
+                   '{"payload": {...}, "key": "..."}; in one transaction, all or nothing.')
 @click.option("--json", "as_json", is_flag=True, help="Print the submission as JSON.")
 @click.pass_obj
 def submit(settings: Settings, job: str, payload: str | None, payload_file: str | None,
-           key: str | None, deadline: str | None, priority: str | None,
+           key: str | None, deadline: str | None, priority: str | None, many: str | None,
            as_json: bool) -> None:
     """Record a run of JOB, write one item per unit, and print its real state. Needs --app
     (it runs the job's decomposer); creates the ledger if there is none.
@@ -117,7 +157,16 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
     PostgreSQL a repeated, refused or rolled-back submission uses one up): poll the id this
     prints, never the next number.
     Limits: the key 1,000 bytes, the payload 16 MiB of JSON nested at most 64 levels.
+
+    With --many FILE, every line is a run of its own, each answered as a submit of it would
+    be; a bad line, a failing decomposer or a reused key writes no run of the file.
     """
+    if many is not None:
+        if payload is not None or payload_file is not None or key is not None or deadline:
+            raise BadInput("--many takes the payloads and keys from its file: give no "
+                           "--payload, --payload-file, --key or --deadline with it")
+        _submit_many(settings, job, read_many(many), parse_priority(priority), as_json)
+        return
     value = read_payload(payload, payload_file)
     rank = parse_priority(priority)
     ledger = settings.ledger(app=True, create=True)
@@ -136,6 +185,20 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         echo_json(submission_dict(sub.run_id, sub.created, sub.status))
     else:
         click.echo(submission_line(sub.created, sub.status, sub.resumed))
+
+
+def _submit_many(settings: Settings, job: str, runs: list[tuple[dict[str, Any], str | None]],
+                 rank: int, as_json: bool) -> None:
+    ledger = settings.ledger(app=True, create=True)
+    if not ledger.jobs:
+        raise UnknownJob(f"unknown job {job!r}: no app loaded "
+                         "(pass --app module:attribute or set WORKLEDGER_APP)")
+    subs = ledger.submit_many(job, runs, priority=rank)
+    if as_json:
+        echo_json([submission_dict(s.run_id, s.created, s.status) for s in subs])
+        return
+    made = sum(s.created for s in subs)
+    click.echo(f"{len(subs)} runs: {made} recorded, {len(subs) - made} already there")
 
 
 # -- worker ------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from workledger.storage.port import (
     LeaseParams,
     NewEvent,
     NewRun,
+    NewRunItems,
     Outlook,
     Projection,
     ReasonGroup,
@@ -106,6 +107,11 @@ class DelegatingStore(Store):
 
     def run_submit_in(self, conn: Any, new: NewRun) -> tuple[RunRow, bool]:
         return self._call(self.inner.run_submit_in, conn, new)
+
+    def runs_submit_many(self, runs: Sequence[NewRunItems],
+                         check: Callable[[RunRow, NewRun], None] | None = None
+                         ) -> list[tuple[RunRow, bool]]:
+        return self._call(self.inner.runs_submit_many, runs, check)
 
     def runs_deferred(self, jobs: Sequence[str] | None, limit: int = 100) -> list[RunRow]:
         return self._call(self.inner.runs_deferred, jobs, limit)

@@ -98,6 +98,19 @@ class Dialect(ABC, Generic[C]):
     def _lock_decomposition(self, conn: C, run_id: int) -> None:
         """Hold off another decomposition of the run until this transaction ends."""
 
+
+    @abstractmethod
+    def _new_runs_rows(self, runs: Sequence[Any]) -> dict[str, Any]:
+        """The NewRunItems' runs as the parameters of ``runs_insert_many``."""
+
+    @abstractmethod
+    def _marks_rows(self, marks: list[list[int]]) -> dict[str, Any]:
+        """``[run_id, total, skipped]`` rows as the parameters of ``runs_mark_new``."""
+
+    @abstractmethod
+    def _insert_items_of_runs(self, conn: C, batches: Sequence[ItemsInsert]) -> None:
+        """``items_insert`` for the items of several new runs in one statement."""
+
     @abstractmethod
     def _insert_items(self, conn: C, rows: Any) -> int:
         """``items_insert`` the shaped rows; how many were new."""

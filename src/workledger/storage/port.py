@@ -67,6 +67,14 @@ class ClaimableRun(NamedTuple):
     priority: int
 
 
+class NewRunItems(NamedTuple):
+    """One run of ``runs_submit_many``: the run, its first stage and every item of it."""
+
+    run: NewRun
+    stage: str
+    items: Sequence[NewItem]
+
+
 class NewItem(NamedTuple):
     """One item row to write (a named tuple: decomposition makes millions)."""
 
@@ -576,6 +584,13 @@ class Store(Protocol):
     # `submitted` event, written on `conn` (the caller's open connection to this ledger's
     # database) and committed by the caller alone; a connection elsewhere is a UsageError
     def run_submit_in(self, conn: Any, new: NewRun) -> tuple[RunRow, bool]: ...
+    # many runs in one transaction (submit_many), each with all its items and decomposed
+    # unless its key names a run already (that one as it is, created False, nothing of it
+    # written); `check` sees each such run with what was asked of it, inside the
+    # transaction: what it raises rolls back every run of the call
+    def runs_submit_many(self, runs: Sequence[NewRunItems],
+                         check: Callable[[RunRow, NewRun], None] | None = None
+                         ) -> list[tuple[RunRow, bool]]: ...
     # deferred runs (recorded that way) no decomposer took yet: of `jobs`, or of all (None)
     def runs_deferred(self, jobs: Sequence[str] | None, limit: int = 100) -> list[RunRow]: ...
     # take a deferred run's decomposition: the run with its payload, or None (taken already)

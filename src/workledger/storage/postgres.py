@@ -240,6 +240,25 @@ class PostgresStore(LedgerStore[Conn]):
         with conn.cursor() as cur:
             cur.executemany(sql, rows)
 
+    def _new_runs_rows(self, runs: Sequence[Any]) -> dict[str, Any]:
+        return {"jobs": [r.run.job for r in runs], "keys": [r.run.idempotency_key for r in runs],
+                "payloads": [r.run.payload for r in runs],
+                "tolerates": [r.run.tolerate for r in runs],
+                "priorities": [r.run.priority for r in runs],
+                "closings": [r.run.closing for r in runs]}
+
+    def _marks_rows(self, marks: list[list[int]]) -> dict[str, Any]:
+        return {"run_ids": _ints(m[0] for m in marks), "totals": _ints(m[1] for m in marks),
+                "skips": _ints(m[2] for m in marks)}
+
+    def _insert_items_of_runs(self, conn: Conn, batches: Sequence[ItemsInsert]) -> None:
+        items = [(b.run_id, b.stage, i) for b in batches for i in b.items]
+        conn.execute(self.Q["items_insert_runs"], {
+            "run_ids": [r for r, _, _ in items], "stages": [s for _, s, _ in items],
+            "seqs": [i.seq for _, _, i in items], "keys": [i.key for _, _, i in items],
+            "datas": [i.data for _, _, i in items], "states": [i.state for _, _, i in items],
+            "errors": [i.error for _, _, i in items]})
+
     def close(self) -> None:
         self._closed = True
         self.unlead()

@@ -294,6 +294,19 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
     def _many(self, conn: sqlite3.Connection, sql: str, rows: Sequence[dict[str, Any]]) -> None:
         conn.executemany(sql, rows)
 
+    def _new_runs_rows(self, runs: Sequence[Any]) -> dict[str, Any]:
+        return {"rows": json.dumps([[r.run.job, r.run.idempotency_key, r.run.payload,
+                                     r.run.tolerate, r.run.priority, r.run.closing]
+                                    for r in runs])}
+
+    def _marks_rows(self, marks: list[list[int]]) -> dict[str, Any]:
+        return {"rows": json.dumps(marks)}
+
+    def _insert_items_of_runs(self, conn: sqlite3.Connection,
+                              batches: Sequence[ItemsInsert]) -> None:
+        conn.executemany(self.Q["items_insert_runs"], [row for b in batches
+                                                       for row in self._item_rows(b)])
+
     def close(self) -> None:
         self.unlead()
         for holder in list(self._holders):

@@ -12,6 +12,34 @@ VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(priority)s
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
+-- name: runs_insert_many
+-- submit_many's run rows in one statement (parallel arrays, in the call's order); a key that
+-- names a run already inserts nothing (RETURNING: the new ones only).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+SELECT r.job, r.key, r.payload::jsonb, r.tolerate, r.priority, r.closing
+FROM unnest(%(jobs)s::text[], %(keys)s::text[], %(payloads)s::text[], %(tolerates)s::float8[],
+            %(priorities)s::integer[], %(closings)s::boolean[])
+     WITH ORDINALITY AS r (job, key, payload, tolerate, priority, closing, n)
+ORDER BY r.n
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id, idempotency_key;
+
+-- name: runs_mark_new
+-- submit_many's mark of the runs it has just recorded with all their items, in one statement,
+-- counted from the rows it wrote (run_mark_decomposed recounts from the stage counts instead);
+-- a run of only skipped items (or of none) is complete.
+UPDATE wl_runs AS r SET
+    decomposed_at = now(),
+    total = u.total,
+    skipped = u.skipped,
+    completed_at = CASE WHEN u.total = u.skipped THEN now() END
+FROM unnest(%(run_ids)s::bigint[], %(totals)s::bigint[], %(skips)s::bigint[])
+     AS u (id, total, skipped)
+WHERE r.id = u.id
+RETURNING r.id, r.job, r.idempotency_key, NULL AS payload, r.created_at, r.decomposed_at,
+          r.completed_at, r.paused_at, r.cancelled_at, r.error, r.total, r.processed,
+          r.failed, r.skipped, r.tolerate, r.priority;
+
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 
@@ -170,6 +198,16 @@ INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
 SELECT %(run_id)s, %(stage)s, u.seq, u.key, u.data::jsonb, u.state, u.error
 FROM unnest(%(seqs)b::bigint[], %(keys)b::text[], %(datas)b::text[], %(states)b::text[],
             %(errors)b::text[]) AS u (seq, key, data, state, error)
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: items_insert_runs
+-- moves: (none) -> pending, skipped
+-- items_insert for the items of several runs recorded by one submit_many, in one statement.
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
+SELECT u.run_id, u.stage, u.seq, u.key, u.data::jsonb, u.state, u.error
+FROM unnest(%(run_ids)b::bigint[], %(stages)b::text[], %(seqs)b::bigint[], %(keys)b::text[],
+            %(datas)b::text[], %(states)b::text[], %(errors)b::text[])
+     AS u (run_id, stage, seq, key, data, state, error)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: items_claim

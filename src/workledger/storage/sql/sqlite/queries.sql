@@ -9,6 +9,32 @@ VALUES (:job, :key, :payload, :tolerate, :priority, :closing)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
+-- name: runs_insert_many
+-- submit_many's run rows in one statement: rows [job, key, payload, tolerate, priority,
+-- closing]; a key that names a run already inserts nothing (RETURNING: the new ones only).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+SELECT json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
+       json_extract(r.value, '$[2]'), json_extract(r.value, '$[3]'),
+       json_extract(r.value, '$[4]'), json_extract(r.value, '$[5]')
+FROM json_each(:rows) AS r WHERE true
+ON CONFLICT (job, idempotency_key) DO NOTHING
+RETURNING id, idempotency_key;
+
+-- name: runs_mark_new
+-- submit_many's mark of the runs it has just recorded with all their items, in one statement:
+-- rows [run_id, total, skipped], counted from the rows it wrote (run_mark_decomposed recounts
+-- from the stage counts instead); a run of only skipped items (or of none) is complete.
+UPDATE wl_runs SET
+    decomposed_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    total = json_extract(u.value, '$[1]'),
+    skipped = json_extract(u.value, '$[2]'),
+    completed_at = CASE WHEN json_extract(u.value, '$[1]') = json_extract(u.value, '$[2]')
+                        THEN strftime('%Y-%m-%d %H:%M:%f', 'now') END
+FROM json_each(:rows) AS u
+WHERE wl_runs.id = json_extract(u.value, '$[0]')
+RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
+
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 
@@ -160,6 +186,14 @@ RETURNING id, cancelled_at;
 -- moves: (none) -> pending, skipped
 -- positional parameters (run_id, stage, seq, key, data, state, error): tuples are cheaper
 -- than dicts when a decomposition writes millions of rows
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, stage, seq) DO NOTHING;
+
+-- name: items_insert_runs
+-- moves: (none) -> pending, skipped
+-- items_insert for the items of several runs recorded by one submit_many: the same positional
+-- rows, each naming its run, sent with executemany in the one transaction.
 INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
