@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 APPS = Path(__file__).parent / "apps"
 SAMPLE = "sample_app:ledger"
 STATUS_KEYS = {"run_id", "job", "key", "state", "total", "complete", "counts", "created_at",
-               "decomposed_at", "completed_at", "error", "priority"}
+               "decomposed_at", "completed_at", "error", "priority", "tenant"}
 STATUS_EXTRA = {"next", "processed", "failed", "skipped"}
 
 

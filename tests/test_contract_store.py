@@ -346,7 +346,7 @@ def test_items_are_not_claimable_before_the_run_is_decomposed(store: Store) -> N
     assert store.runs_claimable([JOB]) == []
     assert {r.state for r in rows(store, run.id)} == {"pending"}
     store.run_mark_decomposed(run.id, S1)
-    assert store.runs_claimable([JOB]) == [(run.id, JOB, 0)]
+    assert store.runs_claimable([JOB]) == [(run.id, JOB, 0, None, 1)]
     assert len(claim(store, run.id)) == 3
 
 
@@ -451,7 +451,7 @@ def test_paused_run_is_not_claimable_until_resumed(store: Store) -> None:
     assert claim(store, run.id) == []
     assert store.runs_claimable([JOB]) == []
     assert store.run_set_paused(run.id, False, "test", None) is True
-    assert store.runs_claimable([JOB]) == [(run.id, JOB, 0)]
+    assert store.runs_claimable([JOB]) == [(run.id, JOB, 0, None, 1)]
     assert len(claim(store, run.id)) == 2
 
 
@@ -479,8 +479,9 @@ def test_runs_claimable_lists_decomposed_open_runs_of_the_given_jobs(store: Stor
     finished = submit(store, "d", job="alpha")
     insert(store, finished.id, [0], state="skipped", error="invalid")
     store.run_mark_decomposed(finished.id, S1)
-    assert store.runs_claimable(["alpha"]) == [(a.id, "alpha", 0)]
-    assert store.runs_claimable(["alpha", "beta"]) == [(a.id, "alpha", 0), (b.id, "beta", 0)]
+    assert store.runs_claimable(["alpha"]) == [(a.id, "alpha", 0, None, 1)]
+    assert store.runs_claimable(["alpha", "beta"]) == [(a.id, "alpha", 0, None, 1),
+                                                       (b.id, "beta", 0, None, 1)]
     assert store.runs_claimable(["gamma"]) == []
 
 

@@ -56,7 +56,25 @@ def test_metrics_report_runs_items_waits_and_what_needs_a_person(db_url: str) ->
     assert m["workledger_unknown_items"] == {(): 1}
     assert m["workledger_failed_items"] == {(): 2}
     labels = {name for series in m.values() for key in series for name, _ in key}
-    assert labels <= {"job", "stage", "state"}
+    assert labels <= {"job", "stage", "state", "tenant"}
+    assert m["workledger_tenant_runs"] == {(("state", "running"), ("tenant", "default")): 1,
+                                           (("state", "awaiting_repair"),
+                                            ("tenant", "default")): 1}
+
+
+def test_tenants_are_labelled_by_name_for_the_fifty_busiest_and_the_rest_as_other(
+        db_url: str) -> None:
+    with client_for(db_url) as (client, ledger):
+        for i in range(53):  # tenant t<i> has one open run of i + 1 units
+            ledger.submit("numbers", {"n": i + 1}, key=f"k{i}", tenant=f"t{i:02}")
+        m = scrape(client.get("/metrics").text)
+    runs = m["workledger_tenant_runs"]
+    named = {dict(k)["tenant"] for k in runs}
+    assert named == {f"t{i:02}" for i in range(3, 53)} | {"other"}
+    assert runs[(("state", "running"), ("tenant", "other"))] == 3
+    left = m["workledger_tenant_units_left"]
+    assert left[(("tenant", "other"),)] == 1 + 2 + 3
+    assert left[(("tenant", "t52"),)] == 53
 
 
 def test_complete_runs_are_counted_by_their_derived_state(db_url: str) -> None:

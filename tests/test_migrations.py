@@ -42,6 +42,7 @@ PUBLIC_COLUMNS = {
         "warn_at",
         "deadline_missed_at",
         "priority",
+        "tenant",
     },
     "wl_items": {
         "id",
@@ -73,6 +74,7 @@ PUBLIC_COLUMNS = {
                      "paused_at", "paused_by", "created_at", "updated_at"},
     "wl_firings": {"schedule", "fire_at", "state", "run_id", "error", "attempts", "actor",
                    "recorded_at"},
+    "wl_tenants": {"name", "weight", "updated_at", "updated_by", "note"},
 }
 
 PG_UNIQUE_INDEXES = """

@@ -109,7 +109,7 @@ def test_claim_finish_and_count(pg: PostgresStore) -> None:
     run_id = _submit_ten(pg, "k-walk")
     run = pg.run_mark_decomposed(run_id, "generate")
     assert (run.total, run.skipped, run.decomposed_at is not None) == (10, 1, True)
-    assert (run_id, "payslips", 0) in pg.runs_claimable(["payslips", "other"])
+    assert (run_id, "payslips", 0, None, 1) in pg.runs_claimable(["payslips", "other"])
 
     claimed = pg.items_claim(ClaimParams(run_id=run_id, limit=5, lease_seconds=30))
     assert [c.seq for c in claimed] == [0, 1, 2, 3, 4]

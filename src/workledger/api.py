@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -55,7 +56,7 @@ from workledger.errors import (
     UsageError,
 )
 from workledger.jobs import Job, canonical_json, default_key
-from workledger.results import RunStatus, ScheduleStatus, Submission
+from workledger.results import RunStatus, ScheduleStatus, Submission, TenantStatus
 from workledger.storage import DEFAULT_URL, open_store, same_database
 from workledger.storage import display_url as masked_url
 from workledger.storage.port import (
@@ -71,7 +72,10 @@ from workledger.storage.port import (
     RunRow,
     RunsQuery,
     Store,
+    TenantRow,
 )
+
+log = logging.getLogger("workledger")
 
 # What the CLI and the HTTP layer use besides the Ledger: they reach the runtime, the storage
 # and the core only through this module (the input limits, masking and showing text).
@@ -82,7 +86,7 @@ __all__ = ["AuditPage", "CLOSE_STAGE", "DEFAULT_URL", "ITEM_STATES", "RESOLVE_TA
            "RunsPage", "ScheduleStatus", "Submission", "SweepLoop", "SweepReport",
            "WorkReport", "Worker", "differences", "group_findings", "import_app", "limits",
            "mask_secrets", "masked_url", "open_private", "parse_deadline", "parse_duration",
-           "parse_priority",
+           "parse_priority", "parse_weight", "TenantRow",
            "same_database",
            "since_time", "url_secrets", "visible"]
 
@@ -250,13 +254,19 @@ class Ledger:
             raise UnknownJob(f"unknown job {name!r} (defined: {known})") from None
 
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None, *, deadline: Any = None, priority: int = 0) -> Submission:
+               conn: Any = None, *, deadline: Any = None, priority: int = 0,
+               tenant: str | None = None) -> Submission:
         """Record a run, decompose it, and return its real state.
 
         ``priority``: a whole number from -1000 to 1000 (default 0). A claimable item of a
         higher-priority run is claimed before any of a lower one (docs/design.md, "Claim
         order"); :meth:`set_priority` changes it while the run is open. A repeated submission
         returns the run as it is, priority included.
+
+        ``tenant``: the customer the run is for (printable text, no spaces, at most 200
+        bytes; None and ``"default"``: the default tenant). Among runs of one priority, claims
+        rotate across the tenants with claimable work, each in proportion to its weight
+        (:meth:`set_tenant_weight`, 1 by default), and across a tenant's runs in turn.
 
         ``deadline``: a timezone-aware datetime, or a duration after submission (``"2h"``),
         by which the run should be complete (default: the job's ``deadline``); a run past it
@@ -286,7 +296,7 @@ class Ledger:
         new = NewRun(job.name, key or default_key(text), text, float(job.tolerate),
                      closing=job.closing is not None,
                      deadline=inputs.deadline_of(deadline, job.deadline, job.deadline_warning),
-                     priority=rank)
+                     priority=rank, tenant=inputs.tenant_of(tenant))
         if conn is not None:
             return self._submit_in(conn, job, new)
         run, created = self.store.run_submit(new)
@@ -314,7 +324,7 @@ class Ledger:
         return Submission(run.id, created, self._status_of(run))
 
     def submit_many(self, job_name: str, runs: Iterable[tuple[Any, str | None]], *,
-                    priority: int = 0) -> list[Submission]:
+                    priority: int = 0, tenant: str | None = None) -> list[Submission]:
         """Record many runs of one job in one transaction, each decomposed, and return one
         :class:`Submission` per ``(payload, key)`` pair, in order.
 
@@ -326,16 +336,18 @@ class Ledger:
         Meant for many small runs (a notification batch, one run per customer): every run's
         items are held in memory until the commit; a big run goes through :meth:`submit`,
         which writes its items in batches. A job dispatched through a broker records its runs
-        one :meth:`submit` at a time (each owes its messages)."""
+        one :meth:`submit` at a time (each owes its messages). ``priority`` and ``tenant``
+        (as :meth:`submit` takes them) are every run's."""
         job = self.job_named(job_name)
         job.check_ready()
         rank = inputs.priority_of(priority)
+        owner = inputs.tenant_of(tenant)
         entries, where = many.planned(job, runs, rank,
                                       inputs.deadline_of(None, job.deadline,
-                                                         job.deadline_warning))
+                                                         job.deadline_warning), owner)
         if self.dispatch is not None:
             subs = [self.submit(job.name, json.loads(e.run.payload), key=e.run.idempotency_key,
-                                priority=rank) for e in entries]
+                                priority=rank, tenant=owner) for e in entries]
             return many.in_order(subs, where)
         recorded = self.store.runs_submit_many(
             entries, check=lambda run, new: self._same_payload(job, run, new.payload))
@@ -511,6 +523,35 @@ class Ledger:
         return operations.set_priority(self.store, run, self.jobs.get(run.job), rank,
                                        actor=actor, note=note)
 
+    def set_tenant_weight(self, tenant: str, weight: int, *, note: str | None = None,
+                          actor: str = "operator") -> bool:
+        """Give ``tenant`` a share of the claims in proportion to ``weight`` (1 to 1000; every
+        tenant weighs 1 until given another), among the tenants with claimable work at one
+        priority; ``"default"`` is the tenant of the runs without one. Recorded with who set
+        it and why (:meth:`tenants`); False when the tenant had that weight already. Workers
+        see it within a second."""
+        name = inputs.tenant_name(tenant)
+        share = inputs.weight_of(weight)
+        done = self.store.tenant_set_weight(name, share, actor, note)
+        if done:
+            log.info("tenant %s: weight %d (by %s%s)", name, share, actor,
+                     f": {note}" if note else "")
+        return done
+
+    def tenants(self) -> list[TenantRow]:
+        """The tenants given a weight, by name, with who set it last and why."""
+        return self.store.tenants_list()
+
+    def tenant(self, tenant: str) -> TenantStatus:
+        """A tenant's weight (1 unless set), who set it last and why, and its open runs."""
+        name = inputs.tenant_name(tenant)
+        row = next((t for t in self.store.tenants_list() if t.name == name), None)
+        open_runs = self.store.tenant_open_runs(name)
+        if row is None:
+            return TenantStatus(name, 1, open_runs)
+        return TenantStatus(name, row.weight, open_runs, row.updated_at, row.updated_by,
+                            row.note)
+
     def resume(self, run_id: int, *, note: str | None = None, actor: str = "operator") -> bool:
         """Let workers claim the run again (False: it was not paused). A finished run refuses."""
         run = self._run(run_id)
@@ -628,23 +669,27 @@ class Ledger:
     def status(self, run_id: int) -> RunStatus:
         return self._status_of(self._run(run_id))
 
-    def runs(self, limit: int = 100, *, before: int | None = None) -> list[RunStatus]:
-        """The most recent runs (below id ``before``, to page back), newest first."""
-        return [self._status_of(r) for r in self._runs_list(limit, before)]
+    def runs(self, limit: int = 100, *, before: int | None = None,
+             tenant: str | None = None) -> list[RunStatus]:
+        """The most recent runs (below id ``before``, to page back), newest first; of
+        ``tenant`` only when given (``"default"``: the runs without one)."""
+        return [self._status_of(r) for r in self._runs_list(limit, before, tenant)]
 
-    def run_ids(self, limit: int = 100, *, before: int | None = None) -> list[int]:
+    def run_ids(self, limit: int = 100, *, before: int | None = None,
+                tenant: str | None = None) -> list[int]:
         """The ids :meth:`runs` would list, without deriving each run's status."""
-        return [r.id for r in self._runs_list(limit, before)]
+        return [r.id for r in self._runs_list(limit, before, tenant)]
 
-    def count_runs(self, *, before: int | None = None) -> int:
-        """How many runs there are (below id ``before``): what a listing cut short says."""
+    def count_runs(self, *, before: int | None = None, tenant: str | None = None) -> int:
+        """How many runs there are (below id ``before``, of ``tenant``): what a listing cut
+        short says."""
         inputs.check_id("run", before)
-        return self.store.runs_count(before)
+        return self.store.runs_count(before, _tenant_filter(tenant))
 
-    def _runs_list(self, limit: int, before: int | None) -> list[RunRow]:
+    def _runs_list(self, limit: int, before: int | None, tenant: str | None) -> list[RunRow]:
         inputs.check_limit(limit)
         inputs.check_id("run", before)
-        return self.store.runs_list(limit, before)
+        return self.store.runs_list(limit, before, _tenant_filter(tenant))
 
     def items(
         self, run_id: int, *, stage: str | None = None, state: str | None = None,
@@ -792,6 +837,19 @@ def open_private(path: str | os.PathLike[str]) -> TextIO:
     (``0600``, whatever the umask): an export holds payloads and results."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _tenant_filter(tenant: str | None) -> str | None:
+    return None if tenant is None else inputs.tenant_name(tenant)
+
+
+def parse_weight(text: str) -> int:
+    """A tenant's weight as the CLI and the HTTP API take it, as text: a whole number;
+    :meth:`Ledger.set_tenant_weight` checks its range."""
+    if re.fullmatch(r"[0-9]{1,5}", text, re.ASCII) is None:
+        raise BadInput(f"weight: expected a whole number from {limits.WEIGHT_MIN} to "
+                       f"{limits.WEIGHT_MAX}, got {text[:20]!r}")
+    return int(text)
 
 
 def parse_priority(text: str | None) -> int:

@@ -67,10 +67,11 @@ class AsyncLedger:
     # -- submitting and reading --------------------------------------------------------------
 
     async def submit(self, job_name: str, payload: Any, key: str | None = None, *,
-                     deadline: Any = None, priority: int = 0) -> Submission:
+                     deadline: Any = None, priority: int = 0,
+                     tenant: str | None = None) -> Submission:
         """Record a run, decompose it, and return its real state (``Ledger.submit``)."""
         return await self._call(self.ledger.submit, job_name, payload, key, deadline=deadline,
-                                priority=priority)
+                                priority=priority, tenant=tenant)
 
     async def set_priority(self, run_id: int, priority: int, *, note: str | None = None,
                            actor: str = "operator") -> bool:
@@ -78,11 +79,18 @@ class AsyncLedger:
         return await self._call(self.ledger.set_priority, run_id, priority, note=note,
                                 actor=actor)
 
+    async def set_tenant_weight(self, tenant: str, weight: int, *, note: str | None = None,
+                                actor: str = "operator") -> bool:
+        """Give a tenant its share of the claims (``Ledger.set_tenant_weight``)."""
+        return await self._call(self.ledger.set_tenant_weight, tenant, weight, note=note,
+                                actor=actor)
+
     async def status(self, run_id: int) -> RunStatus:
         return await self._call(self.ledger.status, run_id)
 
-    async def runs(self, limit: int = 100, *, before: int | None = None) -> list[RunStatus]:
-        return await self._call(self.ledger.runs, limit, before=before)
+    async def runs(self, limit: int = 100, *, before: int | None = None,
+                   tenant: str | None = None) -> list[RunStatus]:
+        return await self._call(self.ledger.runs, limit, before=before, tenant=tenant)
 
     async def runs_page(self, *, job: str | None = None, state: str | None = None,
                         limit: int = 100, after: int | None = None) -> RunsPage:

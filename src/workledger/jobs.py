@@ -35,10 +35,11 @@ class Submitter(Protocol):
     jobs: dict[str, Job]
 
     def submit(self, job_name: str, payload: Any, key: str | None = None,
-               conn: Any = None, *, deadline: Any = None, priority: int = 0) -> Submission: ...
+               conn: Any = None, *, deadline: Any = None, priority: int = 0,
+               tenant: str | None = None) -> Submission: ...
 
     def submit_many(self, job_name: str, runs: Iterable[tuple[Any, str | None]], *,
-                    priority: int = 0) -> list[Submission]: ...
+                    priority: int = 0, tenant: str | None = None) -> list[Submission]: ...
 
 Decomposer = Callable[[Any], Iterable[Item | Skip]]
 Handler = Callable[[Any, Any], Any]
@@ -344,20 +345,22 @@ class Job:
         return frozenset(s.name for s in self.stages if s.limited)
 
     def submit(self, payload: Any, key: str | None = None, conn: Any = None, *,
-               deadline: Any = None, priority: int = 0) -> Submission:
+               deadline: Any = None, priority: int = 0,
+               tenant: str | None = None) -> Submission:
         """Record a run (idempotently, by ``key``), decompose it, and report its real state.
         ``conn``: record it in the caller's open transaction instead, decomposed after the
         commit. ``deadline``: a timezone-aware datetime, or a duration after submission
         (``"2h"``), by which the run should be complete; default: the job's ``deadline``
-        ``priority``: -1000 to 1000, higher claimed first (:meth:`workledger.Ledger.submit`)."""
+        ``priority``: -1000 to 1000, higher claimed first; ``tenant``: the customer whose share
+        of the claims the run takes (:meth:`workledger.Ledger.submit`)."""
         return self.ledger.submit(self.name, payload, key=key, conn=conn, deadline=deadline,
-                                  priority=priority)
+                                  priority=priority, tenant=tenant)
 
     def submit_many(self, runs: Iterable[tuple[Any, str | None]], *,
-                    priority: int = 0) -> list[Submission]:
+                    priority: int = 0, tenant: str | None = None) -> list[Submission]:
         """Record many runs of this job in one transaction, one per ``(payload, key)`` pair,
         and report each one's real state (:meth:`workledger.Ledger.submit_many`)."""
-        return self.ledger.submit_many(self.name, runs, priority=priority)
+        return self.ledger.submit_many(self.name, runs, priority=priority, tenant=tenant)
 
     def check_ready(self) -> None:
         if self.decomposer is None:

@@ -26,6 +26,23 @@ class RunStatus:
     completed_at: str | None
     error: str | None
     priority: int = 0  # -1000..1000: higher runs are claimed first
+    tenant: str | None = None  # None: the default tenant ("default")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    """A tenant as ``workledger tenant NAME`` shows it: its weight (1 unless set), who set
+    it last and why, and how many of its runs are open."""
+
+    name: str
+    weight: int
+    open_runs: int
+    updated_at: str | None = None
+    updated_by: str | None = None
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,7 +47,40 @@ def priority_of(value: object) -> int:
     return value
 
 
-def _check(what: str, value: str, max_bytes: int) -> None:
+def tenant_of(value: object) -> str | None:
+    """A run's tenant as stored: None for none and for ``"default"`` (the runs without one
+    share the default tenant). Printable text without spaces, at most 200 bytes; ``"other"``
+    is /metrics' label for the tenants past its bounded set, never a tenant's name."""
+    if value is None:
+        return None
+    name = tenant_name(value)
+    return None if name == limits.DEFAULT_TENANT else name
+
+
+def tenant_name(value: object) -> str:
+    """A tenant's name as ``set_tenant_weight`` and the filters take it ("default" included)."""
+    _check("tenant", value, limits.TENANT_BYTES)
+    name = str(value)
+    if not name.isprintable() or any(c.isspace() for c in name):
+        raise BadInput(f"tenant {name!r}: expected printable text without spaces")
+    if name == limits.OTHER_TENANTS:
+        raise BadInput(f"tenant {name!r} is reserved: /metrics labels the tenants past its "
+                       "50 busiest so")
+    return name
+
+
+def weight_of(value: object) -> int:
+    """A tenant's weight: a whole number from 1 to 1000 (a bool or a float is refused)."""
+    if type(value) is not int:
+        raise BadInput(f"weight: expected a whole number from {limits.WEIGHT_MIN} to "
+                       f"{limits.WEIGHT_MAX}, got {value!r}")
+    if not limits.WEIGHT_MIN <= value <= limits.WEIGHT_MAX:
+        raise BadInput(f"weight {value} is out of range ({limits.WEIGHT_MIN} to "
+                       f"{limits.WEIGHT_MAX})")
+    return value
+
+
+def _check(what: str, value: object, max_bytes: int) -> None:
     problem = limits.text_problem(what, value, max_bytes)
     if problem is not None:
         raise BadInput(problem)

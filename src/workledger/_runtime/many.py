@@ -17,8 +17,8 @@ from workledger.results import Submission
 from workledger.storage.port import Deadline, NewItem, NewRun, NewRunItems
 
 
-def planned(job: Job, runs: Iterable[Any], priority: int, deadline: Deadline | None
-            ) -> tuple[list[NewRunItems], list[int]]:
+def planned(job: Job, runs: Iterable[Any], priority: int, deadline: Deadline | None,
+            tenant: str | None = None) -> tuple[list[NewRunItems], list[int]]:
     """The distinct runs of ``runs`` (``(payload, key)`` pairs), each with all its items, and
     for each pair the index of its run: a key given twice with one payload is one run, with
     two payloads a :class:`PayloadMismatch`. Bad input raises before anything is written."""
@@ -39,7 +39,7 @@ def planned(job: Job, runs: Iterable[Any], priority: int, deadline: Deadline | N
         seen[name] = len(entries)
         where.append(len(entries))
         new = NewRun(job.name, name, text, float(job.tolerate), closing=job.closing is not None,
-                     deadline=deadline, priority=priority)
+                     deadline=deadline, priority=priority, tenant=tenant)
         entries.append(NewRunItems(new, job.stages[0].name, _items(job, payload, name)))
     return entries, where
 

@@ -72,7 +72,7 @@ def _from(run: RunRow, counts: dict[str, dict[str, int]], d: Derived) -> RunStat
         next=d.next, created_at=str(run.created_at),
         decomposed_at=None if run.decomposed_at is None else str(run.decomposed_at),
         completed_at=None if run.completed_at is None else str(run.completed_at),
-        error=run.error, priority=run.priority,
+        error=run.error, priority=run.priority, tenant=run.tenant,
     )
 
 

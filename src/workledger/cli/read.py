@@ -8,6 +8,7 @@ says how many rows are left and how to see them.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -101,23 +102,33 @@ def print_listing(pages: Iterator[list[Any]], as_json: bool, as_dict: Callable[[
               help=f"How many runs at most (up to {limits.LIST_MAX:,}).")
 @click.option("--before", type=ID, metavar="ID", help="Only runs with an id below ID (to page "
                                                       "back).")
+@click.option("--tenant", metavar="NAME",
+              help="Only the runs of this tenant ('default': the runs without one).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of run statuses.")
 @click.pass_obj
-def runs(settings: Settings, limit: int, before: int | None, as_json: bool) -> None:
+def runs(settings: Settings, limit: int, before: int | None, tenant: str | None,
+         as_json: bool) -> None:
     """List recent runs with their derived states, newest first. Runs no code of --app."""
     ledger = settings.ledger()
+    pages = paged(lambda n, after: ledger.runs(n, before=before if after is None else after,
+                                               tenant=tenant),
+                  limit, lambda st: st.run_id)
+    first = next(pages, [])
+    # a tenant column only where a listed run has a tenant: most ledgers have none
+    tenants = ["tenant"] if any(st.tenant for st in first) else []
     shown, last = print_listing(
-        paged(lambda n, after: ledger.runs(n, before=before if after is None else after),
-              limit, lambda st: st.run_id),
-        as_json, status_dict,
-        lambda header: Table("run", "job", "key", "state", "priority", "total", "processed",
-                             "failed", "skipped", "created", show_header=header),
-        lambda st: [st.run_id, st.job, st.key, st.state, st.priority, st.total, st.processed,
+        itertools.chain([first] if first else [], pages), as_json, status_dict,
+        lambda header: Table("run", "job", "key", "state", "priority", *tenants, "total",
+                             "processed", "failed", "skipped", "created", show_header=header),
+        lambda st: [st.run_id, st.job, st.key, st.state, st.priority,
+                    *([st.tenant or "default"] if tenants else []), st.total, st.processed,
                     st.failed, st.skipped, st.created_at])
     if not as_json and shown == 0:
-        click.echo("no runs yet" if before is None else f"no runs before run {before}")
+        whose = "" if tenant is None else f" of tenant {tenant}"
+        click.echo(f"no runs{whose} yet" if before is None else
+                   f"no runs{whose} before run {before}")
     elif not as_json and shown == limit:
-        more = ledger.count_runs(before=last.run_id)
+        more = ledger.count_runs(before=last.run_id, tenant=tenant)
         if more:
             click.echo(f"... {more:,} more (use --before {last.run_id} / --limit)")
 

@@ -20,6 +20,7 @@ from workledger.api import (
     group_findings,
     limits,
     parse_priority,
+    parse_weight,
     since_time,
     visible,
 )
@@ -150,6 +151,32 @@ def priority(settings: Settings, run_id: int, priority: str, note: str | None) -
     done = settings.ledger().set_priority(run_id, rank, note=note)
     click.echo(f"run {run_id}: priority {rank}" if done else
                f"run {run_id}: priority {rank} already; nothing changed")
+
+
+@click.command()
+@click.argument("name", metavar="TENANT")
+@click.option("--weight", metavar="N",
+              help="The tenant's share of the claims among the tenants with claimable work at "
+                   "one priority, 1 to 1000 (every tenant weighs 1 until given another).")
+@NOTE
+@click.pass_obj
+def tenant(settings: Settings, name: str, weight: str | None, note: str | None) -> None:
+    """Show TENANT's weight and open runs, or with --weight N set its weight (recorded with
+    --note and who did it; workers see it within a second). 'default' is the tenant of the
+    runs submitted without one. Runs no code of --app."""
+    ledger = settings.ledger()
+    if weight is not None:
+        share = parse_weight(weight)
+        done = ledger.set_tenant_weight(name, share, note=note)
+        click.echo(f"tenant {name}: weight {share}" if done else
+                   f"tenant {name}: weight {share} already; nothing changed")
+        return
+    if note is not None:
+        raise UsageError("--note goes with --weight: it records why the weight changed")
+    shown = ledger.tenant(name)
+    runs = f"{shown.open_runs:,} open run{'' if shown.open_runs == 1 else 's'}"
+    by = f" (set by {shown.updated_by} at {shown.updated_at})" if shown.updated_by else ""
+    click.echo(f"tenant {shown.name}: weight {shown.weight}{by}, {runs}")
 
 
 @click.command()
@@ -331,5 +358,5 @@ def _findings_table(title: str, groups: list[FindingGroup]) -> None:
     console(width=160).print(table)
 
 
-COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, priority, history, reconcile,
-            audit)
+COMMANDS = (sweep, retry, resolve, ack, pause, resume, cancel, priority, tenant, history,
+            reconcile, audit)

@@ -140,14 +140,18 @@ def submission_line(created: bool, st: RunStatus, resumed: bool = False) -> str:
 @click.option("--priority", metavar="N",
               help="A whole number from -1000 to 1000: a claimable item of a higher-priority "
                    "run is claimed before any of a lower one. [default 0]")
+@click.option("--tenant", metavar="NAME",
+              help="The customer the run is for: among runs of one priority, claims rotate "
+                   "across tenants by their weights (workledger tenant NAME --weight N). "
+                   "[default: the default tenant]")
 @click.option("--many", metavar="PATH",
               help="Record many runs at once, one per line of a JSON-lines file ('-': stdin): "
                    '{"payload": {...}, "key": "..."}; in one transaction, all or nothing.')
 @click.option("--json", "as_json", is_flag=True, help="Print the submission as JSON.")
 @click.pass_obj
 def submit(settings: Settings, job: str, payload: str | None, payload_file: str | None,
-           key: str | None, deadline: str | None, priority: str | None, many: str | None,
-           as_json: bool) -> None:
+           key: str | None, deadline: str | None, priority: str | None, tenant: str | None,
+           many: str | None, as_json: bool) -> None:
     """Record a run of JOB, write one item per unit, and print its real state. Needs --app
     (it runs the job's decomposer); creates the ledger if there is none.
 
@@ -165,7 +169,7 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
         if payload is not None or payload_file is not None or key is not None or deadline:
             raise BadInput("--many takes the payloads and keys from its file: give no "
                            "--payload, --payload-file, --key or --deadline with it")
-        _submit_many(settings, job, read_many(many), parse_priority(priority), as_json)
+        _submit_many(settings, job, read_many(many), parse_priority(priority), tenant, as_json)
         return
     value = read_payload(payload, payload_file)
     rank = parse_priority(priority)
@@ -175,7 +179,7 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
                          "(pass --app module:attribute or set WORKLEDGER_APP)")
     try:
         sub = ledger.submit(job, value, key=key, deadline=parse_deadline(deadline),
-                            priority=rank)
+                            priority=rank, tenant=tenant)
     except DecompositionFailed as exc:
         if as_json and exc.status is not None:
             echo_json(submission_dict(exc.run_id, True, exc.status))
@@ -188,12 +192,12 @@ def submit(settings: Settings, job: str, payload: str | None, payload_file: str 
 
 
 def _submit_many(settings: Settings, job: str, runs: list[tuple[dict[str, Any], str | None]],
-                 rank: int, as_json: bool) -> None:
+                 rank: int, tenant: str | None, as_json: bool) -> None:
     ledger = settings.ledger(app=True, create=True)
     if not ledger.jobs:
         raise UnknownJob(f"unknown job {job!r}: no app loaded "
                          "(pass --app module:attribute or set WORKLEDGER_APP)")
-    subs = ledger.submit_many(job, runs, priority=rank)
+    subs = ledger.submit_many(job, runs, priority=rank, tenant=tenant)
     if as_json:
         echo_json([submission_dict(s.run_id, s.created, s.status) for s in subs])
         return

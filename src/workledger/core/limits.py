@@ -41,6 +41,11 @@ PAGE = 10_000
 
 # Ids, seqs and the like: both databases store 64-bit signed integers.
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # a run's priority (migration 0015 checks it too)
+WEIGHT_MIN, WEIGHT_MAX = 1, 1000  # a tenant's weight (migration 0016 checks it too)
+# A tenant's name: a label on /metrics and in the dashboard, so short and printable.
+TENANT_BYTES = 200
+DEFAULT_TENANT = "default"  # the tenant of the runs submitted without one
+OTHER_TENANTS = "other"  # /metrics: the tenants past its bounded set (never a tenant's name)
 ID_MAX = 2**63 - 1
 
 # Items claimed at once: one statement and one lease token per chunk.

@@ -119,13 +119,17 @@ def submit(request: Request, job: str,
            priority: Annotated[str | None, Query(
                description="a whole number from -1000 to 1000 (default 0): a claimable item "
                            "of a higher-priority run is claimed before any of a lower one")
-           ] = None) -> Any:
+           ] = None,
+           tenant: Annotated[str | None, Query(
+               description="the customer the run is for: among runs of one priority, claims "
+                           "rotate across tenants by their weights (default: the default "
+                           "tenant)")] = None) -> Any:
     ledger = ledger_of(request)
     ledger.job_named(job)
     rank = parse_priority(priority)
     try:
         sub = ledger.submit(job, payload or {}, key=idempotency_key or None,
-                            deadline=parse_deadline(deadline), priority=rank)
+                            deadline=parse_deadline(deadline), priority=rank, tenant=tenant)
     except DecompositionFailed as exc:  # recorded, nothing dispatched: its status says why
         if exc.status is None:
             raise

@@ -1,7 +1,8 @@
 """``/metrics``: a Prometheus collector that reads the ledger at scrape time.
 
-Labels are jobs, stages and states only, never a run or an item, so the number of series stays
-small however many runs there are. What it reads is bounded (``_runtime/overview.py``).
+Labels are jobs, stages, states and tenants only, never a run or an item, so the number of
+series stays small however many runs there are: the tenants by name are the 50 busiest, the
+rest one ``other``. What it reads is bounded (``_runtime/overview.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ class LedgerCollector(Collector):
         for (job, stage), age in sorted(snap.oldest_pending.items()):
             oldest.add_metric([job, stage], age)
         yield from (runs, items, oldest)
+        by_tenant = GaugeMetricFamily(
+            "workledger_tenant_runs",
+            "Runs not complete by tenant (the 50 busiest; the rest as other) and derived "
+            "state.", labels=["tenant", "state"])
+        for (tenant, state), n in sorted(snap.tenant_runs.items()):
+            by_tenant.add_metric([tenant, state], n)
+        left = GaugeMetricFamily(
+            "workledger_tenant_units_left",
+            "Units not yet done in the runs not complete, by tenant (the 50 busiest; the rest "
+            "as other).", labels=["tenant"])
+        for tenant, n in sorted(snap.tenant_left.items()):
+            left.add_metric([tenant], n)
+        yield from (by_tenant, left)
         a = snap.attention
         yield GaugeMetricFamily("workledger_expired_leases",
                                 "Claimed items whose lease has expired.", value=a.expired_leases)

@@ -46,6 +46,7 @@ from workledger.storage.port import (
     Reconciled,
     RunRow,
     SettleParams,
+    TenantRow,
 )
 from workledger.storage.queries import migrations
 
@@ -221,12 +222,15 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
             raise UnknownRun(f"no run {run_id}")
         return self._json(rows[0][0])
 
-    def runs_list(self, limit: int = 100, before: int | None = None) -> list[RunRow]:
-        rows = self._read(self.Q["runs_list"], {"limit": limit, "before": before})
+    def runs_list(self, limit: int = 100, before: int | None = None,
+                  tenant: str | None = None) -> list[RunRow]:
+        rows = self._read(self.Q["runs_list"], {"limit": limit, "before": before,
+                                                "tenant": tenant})
         return [self._run(r) for r in rows]
 
-    def runs_count(self, before: int | None = None) -> int:
-        return int(self._first(self._read_tuples(self.Q["runs_count"], {"before": before}))[0])
+    def runs_count(self, before: int | None = None, tenant: str | None = None) -> int:
+        return int(self._first(self._read_tuples(self.Q["runs_count"], {
+            "before": before, "tenant": tenant}))[0])
 
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
         common.failpoint("decompose.before_mark")
@@ -257,7 +261,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
 
     def runs_claimable(self, jobs: Sequence[str]) -> list[ClaimableRun]:
         rows = self._read_tuples(self.Q["runs_claimable"], {"jobs": self._list(jobs)})
-        return [ClaimableRun(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+        return [ClaimableRun(int(r[0]), str(r[1]), int(r[2]), r[3], int(r[4])) for r in rows]
 
     def runs_top_priority(self, jobs: Sequence[str]) -> int | None:
         rows = self._read_tuples(self.Q["runs_top_priority"], {"jobs": self._list(jobs)})
@@ -278,6 +282,25 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
                                                       "note": note}))
             self._wake(conn)  # idle workers look again: the claim order changed
         return True
+
+    def tenant_set_weight(self, name: str, weight: int, actor: str,
+                          note: str | None) -> bool:
+        with self._tx() as conn:
+            was = conn.execute(self.Q["tenant_weight"], {"name": name}).fetchone()
+            if was is not None and int(was["weight"]) == weight:
+                return False
+            conn.execute(self.Q["tenant_set_weight"], {"name": name, "weight": weight,
+                                                       "actor": actor, "note": note})
+        return True
+
+    def tenants_list(self) -> list[TenantRow]:
+        return [TenantRow(str(r["name"]), int(r["weight"]), self._ts_req(r["updated_at"]),
+                          r["updated_by"], r["note"])
+                for r in self._read(self.Q["tenants_list"], {})]
+
+    def tenant_open_runs(self, name: str) -> int:
+        return int(self._first(self._read_tuples(self.Q["tenant_open_runs"],
+                                                 {"tenant": name}))[0])
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return common.counts_of(self._read_tuples(self.Q["run_counts"], {"run_id": run_id}))

@@ -378,7 +378,8 @@ def plan_after_settle(params: SettleParams, applied: set[int]) -> FinishPlan:
 def run_params(new: NewRun) -> dict[str, Any]:
     """The parameters of run_insert and run_insert_deferred (and run_by_key's) for ``new``."""
     return {"job": new.job, "key": new.idempotency_key, "payload": new.payload,
-            "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority}
+            "tolerate": new.tolerate, "closing": new.closing, "priority": new.priority,
+            "tenant": new.tenant}
 
 
 def run_event(run_id: int, kind: str, actor: str | None, **detail: Any) -> dict[str, Any]:

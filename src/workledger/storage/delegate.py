@@ -53,6 +53,7 @@ from workledger.storage.port import (
     ScheduleRow,
     SettleParams,
     Store,
+    TenantRow,
 )
 
 P = ParamSpec("P")
@@ -125,11 +126,12 @@ class DelegatingStore(Store):
     def run_payload(self, run_id: int) -> Any:
         return self._call(self.inner.run_payload, run_id)
 
-    def runs_list(self, limit: int = 100, before: int | None = None) -> list[RunRow]:
-        return self._call(self.inner.runs_list, limit, before)
+    def runs_list(self, limit: int = 100, before: int | None = None,
+                  tenant: str | None = None) -> list[RunRow]:
+        return self._call(self.inner.runs_list, limit, before, tenant)
 
-    def runs_count(self, before: int | None = None) -> int:
-        return self._call(self.inner.runs_count, before)
+    def runs_count(self, before: int | None = None, tenant: str | None = None) -> int:
+        return self._call(self.inner.runs_count, before, tenant)
 
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow:
         return self._call(self.inner.run_mark_decomposed, run_id, first_stage)
@@ -146,6 +148,16 @@ class DelegatingStore(Store):
     def run_set_priority(self, run_id: int, priority: int, actor: str,
                          note: str | None) -> bool:
         return self._call(self.inner.run_set_priority, run_id, priority, actor, note)
+
+    def tenant_set_weight(self, name: str, weight: int, actor: str,
+                          note: str | None) -> bool:
+        return self._call(self.inner.tenant_set_weight, name, weight, actor, note)
+
+    def tenants_list(self) -> list[TenantRow]:
+        return self._call(self.inner.tenants_list)
+
+    def tenant_open_runs(self, name: str) -> int:
+        return self._call(self.inner.tenant_open_runs, name)
 
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]:
         return self._call(self.inner.run_counts, run_id)

@@ -222,6 +222,7 @@ class Dialect(ABC, Generic[C]):
             paused_at=ts(r["paused_at"]), cancelled_at=ts(r["cancelled_at"]), error=r["error"],
             total=r["total"], processed=r["processed"], failed=r["failed"],
             skipped=r["skipped"], tolerate=r["tolerate"], priority=int(r["priority"]),
+            tenant=r["tenant"],
         )
 
     def _item(self, r: Any) -> ItemRow:

@@ -37,6 +37,7 @@ class NewRun:
     closing: bool | None = None  # its job declared a closing hook (migration 0012): prune waits
     deadline: Deadline | None = None  # set on the run when it is recorded (not when it exists)
     priority: int = 0  # -1000..1000 (migration 0015): higher runs are claimed first
+    tenant: str | None = None  # migration 0016; None: the default tenant ("default")
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,29 @@ class RunRow:
     skipped: int
     tolerate: float | None = None  # recorded at submit (migration 0003); None before it
     priority: int = 0  # migration 0015; set_priority changes it while the run is open
+    tenant: str | None = None  # migration 0016; None: the default tenant
 
 
 class ClaimableRun(NamedTuple):
-    """A run workers claim from (``runs_claimable``), in the claim order."""
+    """A run workers claim from (``runs_claimable``), in the claim order, with its tenant's
+    weight (1 unless ``tenant_set_weight`` gave it another)."""
 
     id: int
     job: str
     priority: int
+    tenant: str | None = None
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """A tenant whose weight an operator set (``tenant_set_weight``); others weigh 1."""
+
+    name: str
+    weight: int
+    updated_at: str
+    updated_by: str | None
+    note: str | None
 
 
 class NewRunItems(NamedTuple):
@@ -597,8 +613,9 @@ class Store(Protocol):
     def run_take_deferred(self, run_id: int) -> RunRow | None: ...
     def run_get(self, run_id: int) -> RunRow | None: ...
     def run_payload(self, run_id: int) -> Any: ...
-    def runs_list(self, limit: int = 100, before: int | None = None) -> list[RunRow]: ...
-    def runs_count(self, before: int | None = None) -> int: ...
+    def runs_list(self, limit: int = 100, before: int | None = None,
+                  tenant: str | None = None) -> list[RunRow]: ...
+    def runs_count(self, before: int | None = None, tenant: str | None = None) -> int: ...
     def run_mark_decomposed(self, run_id: int, first_stage: str) -> RunRow: ...
     def run_record_error(self, run_id: int, error: str | None,
                          actor: str | None = None) -> None: ...
@@ -606,6 +623,11 @@ class Store(Protocol):
     def runs_top_priority(self, jobs: Sequence[str]) -> int | None: ...
     def run_set_priority(self, run_id: int, priority: int, actor: str,
                          note: str | None) -> bool: ...
+    # a tenant's weight (1..1000), upserted with who set it; False when it had that weight
+    def tenant_set_weight(self, name: str, weight: int, actor: str,
+                          note: str | None) -> bool: ...
+    def tenants_list(self) -> list[TenantRow]: ...
+    def tenant_open_runs(self, name: str) -> int: ...  # "default": the runs without a tenant
     def run_counts(self, run_id: int) -> dict[str, dict[str, int]]: ...
     # (expired leases, retries due later, unknown items awaiting their verify hook)
     def run_waits(self, run_id: int) -> tuple[int, int, int]: ...

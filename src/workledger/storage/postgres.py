@@ -245,6 +245,7 @@ class PostgresStore(LedgerStore[Conn]):
                 "payloads": [r.run.payload for r in runs],
                 "tolerates": [r.run.tolerate for r in runs],
                 "priorities": [r.run.priority for r in runs],
+                "tenants": [r.run.tenant for r in runs],
                 "closings": [r.run.closing for r in runs]}
 
     def _marks_rows(self, marks: list[list[int]]) -> dict[str, Any]:

@@ -296,7 +296,7 @@ class SqliteStore(LedgerStore[sqlite3.Connection]):
 
     def _new_runs_rows(self, runs: Sequence[Any]) -> dict[str, Any]:
         return {"rows": json.dumps([[r.run.job, r.run.idempotency_key, r.run.payload,
-                                     r.run.tolerate, r.run.priority, r.run.closing]
+                                     r.run.tolerate, r.run.priority, r.run.tenant, r.run.closing]
                                     for r in runs])}
 
     def _marks_rows(self, marks: list[list[int]]) -> dict[str, Any]:

@@ -228,7 +228,7 @@ class Outbox:
         page, however many. Returns how many items were published; stops at a broker that
         is away (the rest stays owed)."""
         sent = 0
-        for run_id, job, _ in runs:
+        for run_id, job, *_ in runs:
             while page := store.items_owed(run_id, PAGE, self.options.wait):
                 for stage, seqs in _by_stage(page).items():
                     for part in chunks(seqs, self.options.chunk):

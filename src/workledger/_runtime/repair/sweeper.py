@@ -542,7 +542,7 @@ class SweepLoop:
         if self.sweeper.firer.schedules:  # this process's firings due and not recorded
             waiting |= {("fire", r.name, r.next_fire_at) for r in self.sweeper.firer.overdue()}
         if self.sweeper.redispatch is not None:  # with a broker: messages overdue
-            for run_id, _job, _ in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:
+            for run_id, *_ in self.store.runs_claimable(sorted(self.sweeper.jobs))[:10]:
                 waiting |= {("owed", run_id, stage, seq)
                             for stage, seq in self.store.items_owed(run_id, 10)}
         stuck = bool(waiting & self._seen)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workledger._runtime.handlers.executors import Executor
+from workledger.core.shares import Shares
 
 
 class Nudge:
@@ -50,7 +51,10 @@ class Lane:
     stages: frozenset[tuple[str, str]] | None = None
     depth: int = 1
     cursor: dict[int, int] = field(default_factory=dict)  # per run: claim ids above this
-    turn: int = 0  # the run to claim from first, so a small run is not stuck behind a big one
+    # per (priority, tenant): the run to claim from first, so a small run is not stuck behind
+    # a big one; and each tenant's credit in the weighted rotation across tenants
+    turns: dict[tuple[int, str | None], int] = field(default_factory=dict)
+    shares: Shares = field(default_factory=Shares)
     seen: int = 0  # the last nudge it looked at
     failure: BaseException | None = None  # what ended a chunk run in a thread of its own
     _running: list[threading.Thread] = field(default_factory=list)

@@ -272,7 +272,7 @@ class Worker:
         when its bucket holds a token again (nothing wakes a worker for that), or soon after
         an item of a capped stage may have finished elsewhere."""
         soonest = float("inf")
-        for _, name, _ in self._runs:
+        for name in {r.job for r in self._runs}:
             for stage in self.jobs[name].stages:
                 if stage.rate is not None:
                     soonest = min(soonest, 1.0 / stage.rate.per_second)
@@ -335,24 +335,42 @@ class Worker:
 
     def _claim_next(self, lane: Lane) -> list[ClaimedItem]:
         """Claim in the claim order (docs/design.md, "Claim order"): the runs of the highest
-        priority first, and among runs of one priority in turn, so a small run is not stuck
-        behind a big one; a lower priority only when no higher run has anything claimable."""
+        priority first; among runs of one priority, across the tenants with claimable work by
+        their weights (core/shares.py), and across a tenant's runs in turn, so a small run is
+        not stuck behind a big one; a lower priority only when no higher run has anything
+        claimable. A claim is one tenant's."""
         for group in _by_priority(self._active_runs()):
-            i = 0
-            while i < len(group):
-                k = (lane.turn + i) % len(group)
-                job = self.jobs[group[k].job]
-                window = self._window(group, k, job, lane)
-                if len(window) > 1:
-                    chunk = self._claim_across(window, job)
-                else:
-                    chunk = self._claim_from(group[k].id, job, lane)
-                if chunk:  # the next claim starts after the last run this one took from
-                    last = max(c.run_id for c in chunk)
-                    lane.turn = k + window.index(last) + 1
+            tenants = _by_tenant(group)
+            weights = {key: runs[0].weight for key, runs in tenants.items()}
+            idle: set[tuple[int, str | None]] = set()
+            for key in lane.shares.order(weights):
+                chunk = self._claim_turn(tenants[key], key, lane)
+                if chunk:
+                    lane.shares.charge(key, weights, idle)
                     return chunk
-                i += len(window)  # nothing claimable in any run of the window
+                idle.add(key)
+            lane.shares.forget(idle)
         self._runs_at = -1e9  # nothing anywhere: look for new runs next time
+        return []
+
+    def _claim_turn(self, runs: list[ClaimableRun], key: tuple[int, str | None],
+                    lane: Lane) -> list[ClaimedItem]:
+        """A claim from one tenant's runs of one priority, from the run whose turn it is."""
+        turn = lane.turns.get(key, 0)
+        i = 0
+        while i < len(runs):
+            k = (turn + i) % len(runs)
+            job = self.jobs[runs[k].job]
+            window = self._window(runs, k, job, lane)
+            if len(window) > 1:
+                chunk = self._claim_across(window, job)
+            else:
+                chunk = self._claim_from(runs[k].id, job, lane)
+            if chunk:  # the next claim starts after the last run this one took from
+                last = max(c.run_id for c in chunk)
+                lane.turns[key] = k + window.index(last) + 1
+                return chunk
+            i += len(window)  # nothing claimable in any run of the window
         return []
 
     def _window(self, group: list[ClaimableRun], k: int, job: Job, lane: Lane) -> list[int]:
@@ -443,7 +461,7 @@ class Worker:
             self.on_progress(self.report)
 
     def _job_of(self, run_id: int) -> Job:
-        for rid, name, _ in self._runs:
+        for rid, name, *_ in self._runs:
             if rid == run_id:
                 return self.jobs[name]
         raise LookupError(f"run {run_id} is not one of this worker's runs")
@@ -453,6 +471,15 @@ def _summary(report: WorkReport) -> str:
     return (f"claimed {report.claimed}, processed {report.processed}, failed {report.failed}, "
             f"skipped {report.skipped}, retried {report.retried}, stale {report.stale}, "
             f"abandoned {report.abandoned}")
+
+
+def _by_tenant(group: list[ClaimableRun]) -> dict[tuple[int, str | None], list[ClaimableRun]]:
+    """One priority's runs by tenant (keyed by priority and tenant), tenants in the order of
+    their oldest run, each tenant's runs in id order."""
+    out: dict[tuple[int, str | None], list[ClaimableRun]] = {}
+    for run in group:
+        out.setdefault((run.priority, run.tenant), []).append(run)
+    return out
 
 
 def _by_priority(runs: list[ClaimableRun]) -> Iterator[list[ClaimableRun]]:

@@ -70,7 +70,8 @@ def _load(spec: str) -> Ledger:
 
 
 def submit(job: Job | str, payload: Any, *, key: str | None = None,
-           using: str = DEFAULT_DB_ALIAS, priority: int = 0) -> Submission:
+           using: str = DEFAULT_DB_ALIAS, priority: int = 0,
+           tenant: str | None = None) -> Submission:
     """Record a run of ``job`` (a job or its name) in the current transaction of Django's
     database ``using`` (the ledger's): inside ``transaction.atomic()`` it is committed or
     rolled back with everything else the block wrote; outside one, in a transaction of its
@@ -87,7 +88,7 @@ def submit(job: Job | str, payload: Any, *, key: str | None = None,
     with transaction.atomic(using=using):  # a savepoint inside the caller's block
         connection.ensure_connection()
         return ledger.submit(name, payload, key=key, conn=connection.connection,
-                             priority=priority)
+                             priority=priority, tenant=tenant)
 
 
 def command_line(args: Sequence[str]) -> list[str]:

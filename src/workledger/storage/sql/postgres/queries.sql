@@ -6,20 +6,20 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing)
 VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(priority)s::integer,
-        %(closing)s::boolean)
+        %(tenant)s::text, %(closing)s::boolean)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
 -- name: runs_insert_many
 -- submit_many's run rows in one statement (parallel arrays, in the call's order); a key that
 -- names a run already inserts nothing (RETURNING: the new ones only).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
-SELECT r.job, r.key, r.payload::jsonb, r.tolerate, r.priority, r.closing
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing)
+SELECT r.job, r.key, r.payload::jsonb, r.tolerate, r.priority, r.tenant, r.closing
 FROM unnest(%(jobs)s::text[], %(keys)s::text[], %(payloads)s::text[], %(tolerates)s::float8[],
-            %(priorities)s::integer[], %(closings)s::boolean[])
-     WITH ORDINALITY AS r (job, key, payload, tolerate, priority, closing, n)
+            %(priorities)s::integer[], %(tenants)s::text[], %(closings)s::boolean[])
+     WITH ORDINALITY AS r (job, key, payload, tolerate, priority, tenant, closing, n)
 ORDER BY r.n
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -38,7 +38,7 @@ FROM unnest(%(run_ids)s::bigint[], %(totals)s::bigint[], %(skips)s::bigint[])
 WHERE r.id = u.id
 RETURNING r.id, r.job, r.idempotency_key, NULL AS payload, r.created_at, r.decomposed_at,
           r.completed_at, r.paused_at, r.cancelled_at, r.error, r.total, r.processed,
-          r.failed, r.skipped, r.tolerate, r.priority;
+          r.failed, r.skipped, r.tolerate, r.priority, r.tenant;
 
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
@@ -46,7 +46,7 @@ SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 -- name: run_get
 -- Every column but the payload, which can be large and no reader shows: run_payload reads it.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE id = %(run_id)s;
 
 -- name: run_payload
@@ -55,12 +55,16 @@ SELECT payload FROM wl_runs WHERE id = %(run_id)s;
 -- name: runs_list
 -- Newest first, below an id to page back; without payloads (see run_get).
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text
+       OR (%(tenant)s::text = 'default' AND tenant IS NULL))
 ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: runs_count
-SELECT count(*) FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint);
+SELECT count(*) FROM wl_runs WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text
+       OR (%(tenant)s::text = 'default' AND tenant IS NULL));
 
 -- name: run_mark_decomposed
 UPDATE wl_runs SET
@@ -76,18 +80,20 @@ UPDATE wl_runs SET
         THEN COALESCE(completed_at, now()) END
 WHERE id = %(run_id)s
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = %(error)s WHERE id = %(run_id)s;
 
 -- name: runs_claimable
--- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first.
-SELECT id, job, priority FROM wl_runs
-WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
-  AND paused_at IS NULL AND cancelled_at IS NULL
-  AND job = ANY (%(jobs)s::text[])
-ORDER BY priority DESC, id;
+-- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first;
+-- each run with its tenant's weight (1 without a row in wl_tenants).
+SELECT r.id, r.job, r.priority, r.tenant, COALESCE(t.weight, 1) FROM wl_runs AS r
+LEFT JOIN wl_tenants AS t ON t.name = COALESCE(r.tenant, 'default')
+WHERE r.decomposed_at IS NOT NULL AND r.completed_at IS NULL
+  AND r.paused_at IS NULL AND r.cancelled_at IS NULL
+  AND r.job = ANY (%(jobs)s::text[])
+ORDER BY r.priority DESC, r.id;
 
 -- name: runs_top_priority
 -- The highest priority among the runs runs_claimable lists: per job, one step at the end of
@@ -105,6 +111,25 @@ SELECT priority FROM wl_runs WHERE id = %(run_id)s AND completed_at IS NULL FOR 
 
 -- name: run_set_priority
 UPDATE wl_runs SET priority = %(priority)s WHERE id = %(run_id)s AND completed_at IS NULL;
+
+-- name: tenant_weight
+-- A tenant's weight before tenant_set_weight changes it, locked: two operators setting one
+-- tenant's weight at once are told apart (the second sees the first's).
+SELECT weight FROM wl_tenants WHERE name = %(name)s FOR UPDATE;
+
+-- name: tenant_set_weight
+INSERT INTO wl_tenants (name, weight, updated_by, note)
+VALUES (%(name)s, %(weight)s, %(actor)s, %(note)s)
+ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, updated_by = excluded.updated_by,
+    note = excluded.note, updated_at = now();
+
+-- name: tenants_list
+SELECT name, weight, updated_at, updated_by, note FROM wl_tenants ORDER BY name;
+
+-- name: tenant_open_runs
+SELECT count(*) FROM wl_runs
+WHERE completed_at IS NULL
+  AND (tenant = %(tenant)s::text OR (%(tenant)s::text = 'default' AND tenant IS NULL));
 
 -- name: run_counts
 -- The projection: a few rows per run, however many items it has. Stages in the order they first
@@ -579,7 +604,7 @@ ORDER BY id LIMIT %(limit)s;
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
@@ -595,9 +620,9 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing, deferred_at)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing, deferred_at)
 VALUES (%(job)s, %(key)s, %(payload)s::jsonb, %(tolerate)s::float8, %(priority)s::integer,
-        %(closing)s::boolean,
+        %(tenant)s::text, %(closing)s::boolean,
         now())
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
@@ -607,7 +632,7 @@ RETURNING id;
 -- as text, say): the payload as text, decoded by us.
 SELECT id, job, idempotency_key, NULL AS payload, payload::text AS payload_text, created_at,
        decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
-       skipped, tolerate, priority
+       skipped, tolerate, priority, tenant
 FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 
 -- name: ledger_identity
@@ -622,7 +647,7 @@ SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::bigint 
 -- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
 -- audit), oldest first, through their own partial index; without payloads.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs
 WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
   AND (%(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[]))
@@ -674,7 +699,7 @@ RETURNING id, stage;
 -- name: run_lock
 -- Reconcile holds the run row while it counts, so no completion's counter update lands in between.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE id = %(run_id)s FOR UPDATE;
 
 -- name: run_set_projection
@@ -688,7 +713,7 @@ WHERE id = %(run_id)s;
 -- name: runs_page
 -- A page of runs, newest first, below a keyset cursor.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs
 WHERE id < %(before)s AND (%(job)s::text IS NULL OR job = %(job)s::text)
 ORDER BY id DESC LIMIT %(limit)s;
@@ -696,7 +721,7 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- name: runs_open
 -- Runs not complete: metrics derive each one's state.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE completed_at IS NULL ORDER BY id;
 
 -- name: runs_finished_summary
@@ -771,7 +796,7 @@ LIMIT %(limit)s;
 -- name: runs_prunable
 -- Runs complete (a cancelled run whose items are all terminal is) before the cutoff.
 SELECT id, job, idempotency_key, NULL::jsonb AS payload, created_at, decomposed_at,
-       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       completed_at, paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs
 WHERE completed_at IS NOT NULL
   AND completed_at < now() - make_interval(secs => %(cutoff)s::float8)

@@ -74,6 +74,7 @@ CREATE TABLE wl_runs (
     warn_at timestamp with time zone,
     deadline_missed_at timestamp with time zone,
     priority integer DEFAULT 0 NOT NULL,
+    tenant text,
     CONSTRAINT wl_runs_job_idempotency_key_key UNIQUE (job, idempotency_key),
     CONSTRAINT wl_runs_pkey PRIMARY KEY (id),
     CONSTRAINT wl_runs_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000)))
@@ -120,6 +121,16 @@ CREATE TABLE wl_stage_limits (
     max_in_flight bigint,
     held_until timestamp with time zone,
     CONSTRAINT wl_stage_limits_pkey PRIMARY KEY (job, stage)
+);
+
+CREATE TABLE wl_tenants (
+    name text NOT NULL,
+    weight integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text,
+    note text,
+    CONSTRAINT wl_tenants_pkey PRIMARY KEY (name),
+    CONSTRAINT wl_tenants_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
 );
 
 CREATE INDEX wl_events_run_item ON wl_events USING btree (run_id, item_id);

@@ -4,18 +4,19 @@
 -- derives the literal ones from the SQL and checks all against core/states.py MOVES.
 
 -- name: run_insert
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
-VALUES (:job, :key, :payload, :tolerate, :priority, :closing)
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing)
+VALUES (:job, :key, :payload, :tolerate, :priority, :tenant, :closing)
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
 -- name: runs_insert_many
 -- submit_many's run rows in one statement: rows [job, key, payload, tolerate, priority,
--- closing]; a key that names a run already inserts nothing (RETURNING: the new ones only).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing)
+-- tenant, closing]; a key that names a run already inserts nothing (RETURNING: the new ones only).
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing)
 SELECT json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
        json_extract(r.value, '$[2]'), json_extract(r.value, '$[3]'),
-       json_extract(r.value, '$[4]'), json_extract(r.value, '$[5]')
+       json_extract(r.value, '$[4]'), json_extract(r.value, '$[5]'),
+       json_extract(r.value, '$[6]')
 FROM json_each(:rows) AS r WHERE true
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -33,7 +34,7 @@ UPDATE wl_runs SET
 FROM json_each(:rows) AS u
 WHERE wl_runs.id = json_extract(u.value, '$[0]')
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant;
 
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
@@ -41,7 +42,7 @@ SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 -- name: run_get
 -- Every column but the payload, which can be large and no reader shows: run_payload reads it.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE id = :run_id;
 
 -- name: run_payload
@@ -50,12 +51,14 @@ SELECT payload FROM wl_runs WHERE id = :run_id;
 -- name: runs_list
 -- Newest first, below an id to page back; without payloads (see run_get).
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE (:before IS NULL OR id < :before)
+  AND (:tenant IS NULL OR tenant = :tenant OR (:tenant = 'default' AND tenant IS NULL))
 ORDER BY id DESC LIMIT :limit;
 
 -- name: runs_count
-SELECT count(*) FROM wl_runs WHERE (:before IS NULL OR id < :before);
+SELECT count(*) FROM wl_runs WHERE (:before IS NULL OR id < :before)
+  AND (:tenant IS NULL OR tenant = :tenant OR (:tenant = 'default' AND tenant IS NULL));
 
 -- name: run_mark_decomposed
 UPDATE wl_runs SET
@@ -71,18 +74,20 @@ UPDATE wl_runs SET
         THEN COALESCE(completed_at, strftime('%Y-%m-%d %H:%M:%f', 'now')) END
 WHERE id = :run_id
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority;
+          paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant;
 
 -- name: run_record_error
 UPDATE wl_runs SET error = :error WHERE id = :run_id;
 
 -- name: runs_claimable
--- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first.
-SELECT id, job, priority FROM wl_runs
-WHERE decomposed_at IS NOT NULL AND completed_at IS NULL
-  AND paused_at IS NULL AND cancelled_at IS NULL
-  AND job IN (SELECT value FROM json_each(:jobs))
-ORDER BY priority DESC, id;
+-- The claim order (docs/design.md, "Claim order"): higher priorities first, then oldest first;
+-- each run with its tenant's weight (1 without a row in wl_tenants).
+SELECT r.id, r.job, r.priority, r.tenant, COALESCE(t.weight, 1) FROM wl_runs AS r
+LEFT JOIN wl_tenants AS t ON t.name = COALESCE(r.tenant, 'default')
+WHERE r.decomposed_at IS NOT NULL AND r.completed_at IS NULL
+  AND r.paused_at IS NULL AND r.cancelled_at IS NULL
+  AND r.job IN (SELECT value FROM json_each(:jobs))
+ORDER BY r.priority DESC, r.id;
 
 -- name: runs_top_priority
 -- The highest priority among the runs runs_claimable lists: per job, one step at the end of
@@ -99,6 +104,23 @@ SELECT priority FROM wl_runs WHERE id = :run_id AND completed_at IS NULL;
 
 -- name: run_set_priority
 UPDATE wl_runs SET priority = :priority WHERE id = :run_id AND completed_at IS NULL;
+
+-- name: tenant_weight
+-- A tenant's weight before tenant_set_weight changes it (the write transaction holds the file).
+SELECT weight FROM wl_tenants WHERE name = :name;
+
+-- name: tenant_set_weight
+INSERT INTO wl_tenants (name, weight, updated_by, note) VALUES (:name, :weight, :actor, :note)
+ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, updated_by = excluded.updated_by,
+    note = excluded.note, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: tenants_list
+SELECT name, weight, updated_at, updated_by, note FROM wl_tenants ORDER BY name;
+
+-- name: tenant_open_runs
+SELECT count(*) FROM wl_runs
+WHERE completed_at IS NULL
+  AND (tenant = :tenant OR (:tenant = 'default' AND tenant IS NULL));
 
 -- name: run_counts
 -- The projection: a few rows per run, however many items it has. Stages in the order they first
@@ -532,7 +554,7 @@ ORDER BY id LIMIT :limit;
 -- With a backoff, a run whose decomposer failed n times waits backoff * 2^(n-1) seconds (at
 -- most an hour) after its last failure, so a broken decomposer is not retried every pass.
 SELECT r.id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs AS r
 WHERE decomposed_at IS NULL AND cancelled_at IS NULL
   AND r.deferred_at IS NULL  -- runs_deferred's: taken at once, not after a grace
@@ -548,8 +570,8 @@ ORDER BY id;
 -- submit with conn=: the run row, written on the caller's connection in the caller's
 -- transaction and marked deferred, so that the first worker or sweeper to see it after the
 -- commit takes its decomposition (run_take_deferred).
-INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, closing, deferred_at)
-VALUES (:job, :key, :payload, :tolerate, :priority, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+INSERT INTO wl_runs (job, idempotency_key, payload, tolerate, priority, tenant, closing, deferred_at)
+VALUES (:job, :key, :payload, :tolerate, :priority, :tenant, :closing, strftime('%Y-%m-%d %H:%M:%f', 'now'))
 ON CONFLICT (job, idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -557,7 +579,7 @@ RETURNING id;
 -- run_by_key on the caller's connection, whose JSON decoding is its own: the payload as text.
 SELECT id, job, idempotency_key, NULL AS payload, payload AS payload_text, created_at,
        decomposed_at, completed_at, paused_at, cancelled_at, error, total, processed, failed,
-       skipped, tolerate, priority
+       skipped, tolerate, priority, tenant
 FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 
 -- name: ledger_identity
@@ -568,7 +590,7 @@ SELECT file FROM pragma_database_list WHERE name = 'main';
 -- Deferred runs no decomposer has taken yet, of the given jobs (NULL: of every job, for
 -- audit), oldest first, through their own partial index; without payloads.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs INDEXED BY wl_runs_deferred
 WHERE deferred_at IS NOT NULL AND cancelled_at IS NULL
   AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
@@ -619,7 +641,7 @@ RETURNING id, stage;
 
 -- name: run_lock
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE id = :run_id;
 
 -- name: run_set_projection
@@ -634,7 +656,7 @@ WHERE id = :run_id;
 -- name: runs_page
 -- A page of runs, newest first, below a keyset cursor.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs
 WHERE id < :before AND (:job IS NULL OR job = :job)
 ORDER BY id DESC LIMIT :limit;
@@ -642,7 +664,7 @@ ORDER BY id DESC LIMIT :limit;
 -- name: runs_open
 -- Runs not complete: metrics derive each one's state.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs WHERE completed_at IS NULL ORDER BY id;
 
 -- name: runs_finished_summary
@@ -716,7 +738,7 @@ SELECT * FROM wl_events WHERE run_id = :run_id AND id > :after_id ORDER BY id LI
 -- name: runs_prunable
 -- Runs complete (a cancelled run whose items are all terminal is) before the cutoff.
 SELECT id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
-       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority
+       paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant
 FROM wl_runs
 WHERE completed_at IS NOT NULL AND completed_at < strftime('%Y-%m-%d %H:%M:%f', 'now', :cutoff)
   AND (:job IS NULL OR job = :job) AND id > :after_id

@@ -72,6 +72,7 @@ CREATE TABLE wl_runs (
     warn_at TEXT,
     deadline_missed_at TEXT,
     priority INTEGER NOT NULL DEFAULT 0,
+    tenant TEXT,
     CHECK (priority BETWEEN -1000 AND 1000),
     UNIQUE (job, idempotency_key)
 );
@@ -119,6 +120,15 @@ CREATE TABLE wl_stage_limits (
     max_in_flight INTEGER,
     held_until TEXT,
     PRIMARY KEY (job, stage)
+);
+
+CREATE TABLE wl_tenants (
+    name TEXT PRIMARY KEY,
+    weight INTEGER NOT NULL,
+    updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    updated_by TEXT,
+    note TEXT,
+    CHECK (weight BETWEEN 1 AND 1000)
 );
 
 CREATE INDEX wl_events_run_item ON wl_events (run_id, item_id);
