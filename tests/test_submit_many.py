@@ -56,8 +56,8 @@ def test_many_runs_are_recorded_decomposed_and_answered_in_order(ledger: Ledger)
         assert s.status == ledger.status(s.run_id)
         assert s.status.priority == 5
     assert subs[2].state == "completed" and subs[0].state == "running"
-    assert [e.kind for e in ledger.store.events_list(subs[0].run_id)] == [
-        "submitted", "decomposed"]
+    assert [(e.kind, e.detail) for e in ledger.store.events_list(subs[1].run_id)] == [
+        ("submitted", {"key": "b"}), ("decomposed", {"total": 2})]
     report = ledger.work(concurrency=1, chunk=50, until_idle=True)
     assert report.processed == 4
     assert all(ledger.status(s.run_id).complete for s in subs)

@@ -146,9 +146,8 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
         for i, run_id in new.items():
             if runs[i].run.deadline is not None:
                 self._set_deadline(conn, run_id, runs[i].run)
-        self._many(conn, self.Q["events_add"], [common.run_event(
-            run_id, "submitted", None, key=runs[i].run.idempotency_key)
-            for i, run_id in new.items()])
+        ids = self._list(new.values())
+        conn.execute(self.Q["events_submitted_many"], {"run_ids": ids})
         batches = [ItemsInsert(run_id, runs[i].stage, runs[i].items)
                    for i, run_id in new.items() if runs[i].items]
         tallies = {b.run_id: common.inserted_tally(b.stage, b.items, set()) for b in batches}
@@ -161,9 +160,7 @@ class LedgerStore(Overview[C], Dispatching[C], Calendar[C]):
                  for i, run_id in new.items()]
         rows = {r.id: r for r in map(self._run, conn.execute(
             self.Q["runs_mark_new"], self._marks_rows(marks)).fetchall())}
-        self._many(conn, self.Q["events_add"], [
-            common.run_event(run_id, "decomposed", None, total=rows[run_id].total)
-            for run_id in new.values()])
+        conn.execute(self.Q["events_decomposed_many"], {"run_ids": ids})
         self._wake(conn)
         for i, run_id in new.items():
             out[i] = (rows[run_id], True)

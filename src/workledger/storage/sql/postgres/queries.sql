@@ -40,6 +40,19 @@ RETURNING r.id, r.job, r.idempotency_key, NULL AS payload, r.created_at, r.decom
           r.completed_at, r.paused_at, r.cancelled_at, r.error, r.total, r.processed,
           r.failed, r.skipped, r.tolerate, r.priority, r.tenant;
 
+-- name: events_submitted_many
+-- submit_many's `submitted` event of every run it has just inserted, built by the database
+-- from the rows themselves (the runs exist: this transaction wrote them, and holds them).
+INSERT INTO wl_events (run_id, kind, detail)
+SELECT r.id, 'submitted', jsonb_build_object('key', r.idempotency_key) FROM wl_runs AS r
+WHERE r.id = ANY (%(run_ids)s::bigint[]) ORDER BY r.id;
+
+-- name: events_decomposed_many
+-- submit_many's `decomposed` event of every run it has just marked, with its total.
+INSERT INTO wl_events (run_id, kind, detail)
+SELECT r.id, 'decomposed', jsonb_build_object('total', r.total) FROM wl_runs AS r
+WHERE r.id = ANY (%(run_ids)s::bigint[]) ORDER BY r.id;
+
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = %(job)s AND idempotency_key = %(key)s;
 

@@ -36,6 +36,19 @@ WHERE wl_runs.id = json_extract(u.value, '$[0]')
 RETURNING id, job, idempotency_key, NULL AS payload, created_at, decomposed_at, completed_at,
           paused_at, cancelled_at, error, total, processed, failed, skipped, tolerate, priority, tenant;
 
+-- name: events_submitted_many
+-- submit_many's `submitted` event of every run it has just inserted, built by the database
+-- from the rows themselves (the runs exist: this transaction wrote them).
+INSERT INTO wl_events (run_id, kind, detail)
+SELECT r.id, 'submitted', json_object('key', r.idempotency_key) FROM wl_runs AS r
+WHERE r.id IN (SELECT value FROM json_each(:run_ids)) ORDER BY r.id;
+
+-- name: events_decomposed_many
+-- submit_many's `decomposed` event of every run it has just marked, with its total.
+INSERT INTO wl_events (run_id, kind, detail)
+SELECT r.id, 'decomposed', json_object('total', r.total) FROM wl_runs AS r
+WHERE r.id IN (SELECT value FROM json_each(:run_ids)) ORDER BY r.id;
+
 -- name: run_by_key
 SELECT * FROM wl_runs WHERE job = :job AND idempotency_key = :key;
 
