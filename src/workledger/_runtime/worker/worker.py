@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
+from typing import NamedTuple
 
 from workledger._runtime.deferred import take_deferred
 from workledger._runtime.handlers.async_executor import AsyncExecutor
@@ -77,6 +78,7 @@ class Worker:
         self.report = WorkReport()
         self._stop = threading.Event()
         self._runs: list[ClaimableRun] = []
+        self._order = _Order.of([])  # the same list, grouped for the claim order
         self._runs_at = -1e9
         self.count_lock = threading.Lock()  # the report, moved by every lane's chunks
         self._nudge = Nudge()
@@ -329,7 +331,9 @@ class Worker:
             # runs recorded in a caller's transaction wait for a decomposer: this worker, at
             # once, if it is the first to see one (the others then claim its items)
             take_deferred(self.store, self.jobs, self.worker_id)
-            self._runs = self.store.runs_claimable(sorted(self.jobs))
+            runs = self.store.runs_claimable(sorted(self.jobs))
+            self._order = _Order.of(runs)  # before the list: a lane reads the list, then this
+            self._runs = runs
             self._runs_at = self.clock()
         return self._runs
 
@@ -339,9 +343,8 @@ class Worker:
         their weights (core/shares.py), and across a tenant's runs in turn, so a small run is
         not stuck behind a big one; a lower priority only when no higher run has anything
         claimable. A claim is one tenant's."""
-        for group in _by_priority(self._active_runs()):
-            tenants = _by_tenant(group)
-            weights = {key: runs[0].weight for key, runs in tenants.items()}
+        self._active_runs()
+        for tenants, weights in self._order.groups:
             idle: set[tuple[int, str | None]] = set()
             for key in lane.shares.order(weights):
                 chunk = self._claim_turn(tenants[key], key, lane)
@@ -461,10 +464,30 @@ class Worker:
             self.on_progress(self.report)
 
     def _job_of(self, run_id: int) -> Job:
-        for rid, name, *_ in self._runs:
-            if rid == run_id:
-                return self.jobs[name]
-        raise LookupError(f"run {run_id} is not one of this worker's runs")
+        name = self._order.job_of.get(run_id)
+        if name is None:
+            raise LookupError(f"run {run_id} is not one of this worker's runs")
+        return self.jobs[name]
+
+
+TenantKey = tuple[int, str | None]  # (priority, tenant)
+
+
+class _Order(NamedTuple):
+    """The claimable runs as the claim order walks them, made once per read of the list (not
+    per claim: 10,000 open runs cost a grouping a second, not one per chunk): per priority,
+    highest first, the runs of each tenant and each tenant's weight; and each run's job."""
+
+    groups: list[tuple[dict[TenantKey, list[ClaimableRun]], dict[TenantKey, int]]]
+    job_of: dict[int, str]
+
+    @classmethod
+    def of(cls, runs: list[ClaimableRun]) -> _Order:
+        groups = []
+        for group in _by_priority(runs):
+            tenants = _by_tenant(group)
+            groups.append((tenants, {key: rs[0].weight for key, rs in tenants.items()}))
+        return cls(groups, {r.id: r.job for r in runs})
 
 
 def _summary(report: WorkReport) -> str:
