@@ -204,3 +204,28 @@ def test_a_held_back_message_waits_for_its_bucket_and_its_copies_collapse(
     delivered = broker.deliveries()
     assert delivered <= copies * (messages + 1.2 * units), delivered
     ledger.close()
+
+
+def test_a_per_key_limit_holds_through_the_broker(broker: Setup) -> None:
+    """Of a stage with max_per_key=1, a broker task claims no item of an account another task
+    holds: the rest of its message goes back to the broker, held, and is claimed later. 60
+    postings of three accounts, five to a message, over the broker's worker processes: no two
+    of one account ever ran at once, and every one ran."""
+    ledger = broker.ledger(WL_CHUNK="5")
+    for n in range(2):  # two workers: an rq worker runs one task at a time
+        broker.start_worker(broker.tmp / f"worker-{n}.log", WL_CHUNK="5")
+    sub = ledger.job_named("accounts").submit({"units": 60}, key="accounts")
+    st = wait_settled(broker, ledger, sub.run_id)
+    assert st.state == "completed" and st.counts == {"post": {"processed": 60}}
+    conn = sqlite3.connect(broker.sink)
+    try:
+        spans = conn.execute("SELECT account, start, end FROM spans ORDER BY start").fetchall()
+    finally:
+        conn.close()
+    assert len(spans) == 60
+    for account in ("acct-0", "acct-1", "acct-2"):
+        mine = [(s, e) for a, s, e in spans if a == account]
+        assert len(mine) == 20
+        for (_, end), (start, _) in zip(mine, mine[1:], strict=False):
+            assert start >= end - 0.002, (account, mine)
+    ledger.close()

@@ -61,6 +61,7 @@ PUBLIC_COLUMNS = {
         "dispatches",
         "holder",
         "held_until",
+        "concurrency_key",
         "result",
         "error",
         "created_at",

@@ -99,10 +99,12 @@ class Stage:
     rate: Rate | None = None  # cluster-wide: items claimed per second at most (a token bucket)
     burst: float = 1.0  # the bucket's size: tokens a claim may spend at once
     max_in_flight: int | None = None  # cluster-wide: items claimed at once at most
+    max_per_key: int | None = None  # cluster-wide: items of one concurrency key at once at most
 
     @property
     def limited(self) -> bool:
-        return self.rate is not None or self.max_in_flight is not None
+        return (self.rate is not None or self.max_in_flight is not None
+                or self.max_per_key is not None)
 
     def limit(self, default: float | None) -> float | None:
         """Its time limit: its own, else the worker's default (``worker --timeout``)."""
@@ -171,6 +173,7 @@ class Job:
         rate_limit: str | None = None,
         burst: float | None = None,
         max_in_flight: int | None = None,
+        max_per_key: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a per-item handler. Stages run in declaration order (``after`` checks it).
 
@@ -200,10 +203,16 @@ class Job:
         every run of the job. A token bucket of ``burst`` tokens (default 1) refilled at the
         rate: in any window of one unit of the rate at most ``N + burst - 1`` items are claimed
         (with the default burst, never more than ``N``); a larger burst lets a batch stage
-        fill its batches. ``max_in_flight``: at most that many of its items claimed at once."""
+        fill its batches. ``max_in_flight``: at most that many of its items claimed at once.
+
+        ``max_per_key``: at most that many of its items with one concurrency key
+        (``Item(concurrency_key=...)``, kept by the unit's later stages) claimed at once, over
+        every worker and every run of the job: one posting at a time per account. Counted
+        from the claimed rows themselves: a lease that expired holds its slot until the
+        sweeper takes the item back. Items without a key are not limited by it."""
         _check_timeout(timeout, f"job {self.name!r}, stage {name!r}")
         rate, burst = _check_limits(f"job {self.name!r}, stage {name!r}", rate_limit, burst,
-                                    max_in_flight)
+                                    max_in_flight, max_per_key)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
                                   or not 1 <= batch <= limits.CHUNK_MAX):
             raise UsageError(f"job {self.name!r}, stage {name!r}: batch must be a whole number "
@@ -228,7 +237,7 @@ class Job:
         def register(fn: Handler) -> Handler:
             runs_on = _executor_of(fn, executor, f"job {self.name!r}, stage {name!r}")
             self.stages.append(Stage(name, fn, idempotent, policy, verify, timeout, runs_on,
-                                     batch, rate, burst, max_in_flight))
+                                     batch, rate, burst, max_in_flight, max_per_key))
             self._after.clear()
             self._after_others.clear()
             return fn
@@ -336,7 +345,8 @@ class Job:
         claim over every stage, in id order); else stage by stage, the last stage first (a
         unit further along is finished first), with the limited stages' limits."""
         limits = tuple(StageLimit(s.name, s.rate.per_second if s.rate else None, s.burst,
-                                  s.max_in_flight) for s in self.stages if s.limited)
+                                  s.max_in_flight, s.max_per_key)
+                       for s in self.stages if s.limited)
         if not limits:
             return (), ()
         return tuple(s.name for s in reversed(self.stages)), limits
@@ -388,7 +398,8 @@ def _check_timeout(timeout: float | None, what: str) -> None:
 
 
 def _check_limits(what: str, rate_limit: str | None, burst: float | None,
-                  max_in_flight: int | None) -> tuple[Rate | None, float]:
+                  max_in_flight: int | None,
+                  max_per_key: int | None = None) -> tuple[Rate | None, float]:
     """The parsed rate and the bucket's size; UsageError for a limit that cannot be met."""
     try:
         rate = None if rate_limit is None else parse_rate(rate_limit)
@@ -404,6 +415,11 @@ def _check_limits(what: str, rate_limit: str | None, burst: float | None,
                                       or not 1 <= max_in_flight <= limits.ID_MAX):
         raise UsageError(f"{what}: max_in_flight must be a whole number of at least 1, not "
                          f"{max_in_flight!r}")
+    if max_per_key is not None and (isinstance(max_per_key, bool)
+                                    or not isinstance(max_per_key, int)
+                                    or not 1 <= max_per_key <= limits.CHUNK_MAX):
+        raise UsageError(f"{what}: max_per_key must be a whole number from 1 to "
+                         f"{limits.CHUNK_MAX:,}, not {max_per_key!r}")
     return rate, float(burst or 1)
 
 

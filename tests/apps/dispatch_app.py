@@ -19,6 +19,9 @@ has one ``async def`` stage, ``call``. Job ``paced`` has one stage, ``call``, he
 a second (``rate_limit="20/s"``, a burst of 5) with full history, so each claim is an event.
 Job ``trickle`` has one stage, ``call``, held to 10 claims a second with the default burst of 1
 (``rate_limit="10/s"``), with full history: most of its items are held back by the bucket.
+Job ``accounts`` has one stage, ``post``, with at most one item per concurrency key (account)
+claimed at once (``max_per_key=1``); each execution appends its account and its start and end
+(wall clock) to ``spans``, so a test sees whether two of one account ever overlapped.
 """
 
 from __future__ import annotations
@@ -54,7 +57,17 @@ def create_sink(sink: str) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS executions "
                  "(id INTEGER PRIMARY KEY, kind TEXT, key TEXT, pid INTEGER)")
     conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY)")
+    conn.execute("CREATE TABLE IF NOT EXISTS spans (account TEXT, start REAL, end REAL)")
     conn.close()
+
+
+def record_span(sink: str, account: str, start: float, end: float) -> None:
+    conn = sqlite3.connect(sink, timeout=60, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=60000")
+        conn.execute("INSERT INTO spans VALUES (?, ?, ?)", (account, start, end))
+    finally:
+        conn.close()
 
 
 def dispatch_from(env: dict[str, str]) -> Any:
@@ -153,6 +166,21 @@ def build(env: dict[str, str]) -> Ledger:
     @trickle.stage("call", idempotent=True, rate_limit="10/s")
     def trickle_call(item: Any, ctx: Any) -> Any:
         record(sink, "trickle", ctx.idempotency_key)
+        return None
+
+    accounts = book.job("accounts")  # one posting at a time per account, through the broker
+
+    @accounts.decompose
+    def split_accounts(payload: dict[str, Any]) -> Any:
+        for i in range(int(payload["units"])):
+            yield Item(key=f"a{i}", data={"account": f"acct-{i % 3}"},
+                       concurrency_key=f"acct-{i % 3}")
+
+    @accounts.stage("post", idempotent=True, max_per_key=1)
+    def post(item: Any, ctx: Any) -> Any:
+        start = time.time()
+        time.sleep(0.02)
+        record_span(sink, item.data["account"], start, time.time())
         return None
 
     return book

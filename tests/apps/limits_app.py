@@ -8,6 +8,8 @@ Payload ``{"n": N, "sink": PATH, "hold": SECONDS}`` becomes N items. Each handle
   default burst of 1), with full history, so each claim is an event with the time its bucket
   was spent; then stage ``after``, not limited.
 - ``capped``: stage ``call`` with at most 3 items claimed at once (``max_in_flight=3``).
+- ``keyed``: stage ``call`` with at most one item per concurrency key claimed at once
+  (``max_per_key=1``); item ``i`` has the key ``acct-<i % 4>``.
 """
 
 from __future__ import annotations
@@ -45,3 +47,15 @@ paced.stage("after", idempotent=True)(_note)
 capped = ledger.job("capped")
 capped.decompose(_split)
 capped.stage("call", idempotent=True, max_in_flight=CAP)(_note)
+
+
+def _split_keyed(payload: dict[str, Any]) -> Any:
+    for i in range(int(payload["n"])):
+        yield Item(key=f"k{i}", data={"sink": payload["sink"],
+                                      "hold": float(payload.get("hold", 0))},
+                   concurrency_key=f"acct-{i % 4}")
+
+
+keyed = ledger.job("keyed")
+keyed.decompose(_split_keyed)
+keyed.stage("call", idempotent=True, max_per_key=1)(_note)

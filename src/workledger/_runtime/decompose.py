@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from workledger.core import limits
+from workledger.core.limits import text_problem
 from workledger.core.outcomes import Item, Permanent, Skip
 from workledger.core.states import ItemState
 from workledger.core.status import PERMANENT_DECOMPOSITION
@@ -35,7 +37,17 @@ def to_row(seq: int, unit: Any) -> NewItem:
     key = _key(unit.key)
     if key is not None and key != str(unit.key):
         return NewItem(seq, key, data, _SKIPPED, "key contains a NUL or invalid character")
-    return NewItem(seq, key, data)
+    if unit.concurrency_key is None:
+        return NewItem(seq, key, data)
+    given = unit.concurrency_key
+    if isinstance(given, bool) or not isinstance(given, str | int):
+        return NewItem(seq, key, data, _SKIPPED, "concurrency key must be text or a whole "
+                       f"number, not {type(given).__name__}")
+    ckey = str(given)
+    problem = text_problem("concurrency key", ckey, limits.CONCURRENCY_KEY_BYTES)
+    if problem is not None:
+        return NewItem(seq, key, data, _SKIPPED, problem)
+    return NewItem(seq, key, data, concurrency_key=ckey)
 
 
 def _rows(job: Job, payload: Any) -> Iterator[NewItem]:

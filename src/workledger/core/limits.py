@@ -41,6 +41,7 @@ PAGE = 10_000
 
 # Ids, seqs and the like: both databases store 64-bit signed integers.
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # a run's priority (migration 0015 checks it too)
+CONCURRENCY_KEY_BYTES = 200  # an item's concurrency key (Item(concurrency_key=...))
 WEIGHT_MIN, WEIGHT_MAX = 1, 1000  # a tenant's weight (migration 0016 checks it too)
 # A tenant's name: a label on /metrics and in the dashboard, so short and printable.
 TENANT_BYTES = 200
@@ -78,3 +79,4 @@ def text_problem(what: str, value: object, max_bytes: int) -> str | None:
     if size > max_bytes:
         return f"{what} is {size:,} bytes; the limit is {max_bytes:,} bytes"
     return None
+

@@ -20,10 +20,14 @@ from workledger.core.text import reason_text
 
 class Item(NamedTuple):
     """One unit yielded by a decomposer: its business identity and a little data.
-    (An immutable named tuple: a decomposer makes one per unit, millions per run.)"""
+    (An immutable named tuple: a decomposer makes one per unit, millions per run.)
+    ``concurrency_key``: the account, customer or resource the unit acts on; a stage with
+    ``max_per_key=N`` has at most N items of one key claimed at once, and the unit's later
+    stages keep the key."""
 
     key: str | int | None = None
     data: Any = None
+    concurrency_key: str | int | None = None
 
 
 class Skip(Exception):  # noqa: N818 - a public, user-facing name

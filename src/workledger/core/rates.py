@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from workledger.core.durations import UNIT_SECONDS
@@ -108,3 +109,29 @@ def hold_plan(n: int, tokens: float, horizon: float, rate: float | None, burst: 
         groups.append((take, max(0.001, at)))
         n -= take
     return HoldPlan(groups=tuple(groups), horizon=at)
+
+
+# A claim of a stage with max_per_key reads up to this many times its chunk of pending rows
+# (past the keys already full) to find its chunk: rows of a key beyond its free slots are
+# passed over, so a run's first rows of one busy key do not keep the other keys behind them.
+KEYED_WINDOW = 10
+
+def pick_by_key(rows: Iterable[tuple[int, str | None]], busy: Mapping[str, int],
+                max_per_key: int, want: int) -> list[int]:
+    """The ids a claim of a stage with ``max_per_key`` takes, in the rows' (id) order: a row
+    without a key always, a row of a key while the key's claimed rows (``busy``, counted from
+    the claimed rows themselves) and the ones taken here are fewer than ``max_per_key``;
+    ``want`` at most. A row of a full key is passed over, never a stop: the rows behind it
+    are still taken."""
+    taken: list[int] = []
+    used: dict[str, int] = {}
+    for item_id, key in rows:
+        if len(taken) >= want:
+            break
+        if key is not None:
+            n = used.get(key, busy.get(key, 0))
+            if n >= max_per_key:
+                continue
+            used[key] = n + 1
+        taken.append(item_id)
+    return taken

@@ -233,7 +233,7 @@ class Dialect(ABC, Generic[C]):
             lease_until=ts(r["lease_until"]), not_before=ts(r["not_before"]),
             lease_token=r["lease_token"], result=js(r["result"]), error=r["error"],
             created_at=at(r["created_at"]), updated_at=at(r["updated_at"]),
-            started_at=ts(r["started_at"]),
+            started_at=ts(r["started_at"]), concurrency_key=r["concurrency_key"],
         )
 
     def _event(self, r: Any) -> EventRow:

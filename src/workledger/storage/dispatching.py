@@ -38,14 +38,17 @@ class Dispatching(StageLimits[C]):
         if not params.seqs:
             return []
         with self._tx() as conn:
-            tokens, allowed = 0.0, len(params.seqs)
+            tokens, allowed, seqs = 0.0, len(params.seqs), params.seqs
             if params.limit is not None:  # its bucket first, as the claim of a worker does
                 tokens, allowed = self._limit_allows(conn, params.job, params.limit, allowed)
+                if allowed and params.limit.max_per_key is not None:
+                    seqs = self._keys_allow(conn, params, params.limit.max_per_key, allowed)
+                    allowed = len(seqs)
                 if not allowed:
                     return []
             rows = self._tuples(conn, self.Q["items_claim_by_identity"], {
                 "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "job": params.job, "stage": params.stage, "seqs": self._list(params.seqs),
+                "job": params.job, "stage": params.stage, "seqs": self._list(seqs),
                 "limit": allowed, "holder": params.holder, "held": params.held,
                 **self._lease_token(conn)})
             claimed = common.claimed_items(rows, decode=self.json_as_text)
@@ -63,6 +66,18 @@ class Dispatching(StageLimits[C]):
                     map(itemgetter(2), rows), ItemState.PENDING.value, ItemState.CLAIMED.value))
         common.failpoint("claim.after_commit")
         return claimed
+
+    def _keys_allow(self, conn: C, params: IdentityClaim, max_per_key: int,
+                    allowed: int) -> list[int]:
+        """Of the named seqs of a stage with ``max_per_key``, those the keys' free slots allow
+        (counted from the claimed rows, after the bucket's lock, as a worker's claim does)."""
+        busy = {str(k): int(n) for k, n in self._tuples(conn, self.Q["keys_in_flight"], {
+            "job": params.job, "stage": params.stage})}
+        rows = self._tuples(conn, self.Q["items_keyed_named"], {
+            "run_id": params.run_id, "stage": params.stage, "seqs": self._list(params.seqs)})
+        picked = set(rates.pick_by_key([(int(r[0]), r[2]) for r in rows], busy, max_per_key,
+                                       allowed))
+        return [int(r[1]) for r in rows if int(r[0]) in picked]
 
     def items_owe(self, run_id: int, stage: str, wait: float) -> int:
         owed, after = 0, 0
@@ -105,9 +120,11 @@ class Dispatching(StageLimits[C]):
             ids = [int(r[0]) for r in self._tuples(conn, self.Q["items_holdable"], {
                 "run_id": params.run_id, "job": params.job, "stage": params.stage,
                 "seqs": self._list(params.seqs), "held": params.held})]
+            # a key held back is a cap: nothing says when its slot frees
             plan = rates.hold_plan(
                 len(ids), tokens, -math.inf if horizon is None else float(horizon) - now,
-                limit.rate, limit.burst, capped=allowed == 0 and tokens >= 1,
+                limit.rate, limit.burst,
+                capped=(allowed == 0 and tokens >= 1) or limit.max_per_key is not None,
                 may_wait=params.may_wait)
             if not plan.groups:
                 return Hold(wait=plan.wait)

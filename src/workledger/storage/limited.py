@@ -7,7 +7,7 @@ keep ``base.py`` about moving items.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from workledger.core import rates
@@ -27,13 +27,18 @@ class StageLimits(Dialect[C]):
                    for limit in sorted(params.limits, key=attrgetter("stage"))}
         token: dict[str, Any] = {"token": None, **self._lease_token(conn)}
         rows: list[Any] = []
+        keyed = {limit.stage: limit.max_per_key for limit in params.limits
+                 if limit.max_per_key is not None}
         for stage in params.stages:
             want = min(params.limit - len(rows), allowed.get(stage, (0.0, params.limit))[1])
             if want <= 0:
                 continue
-            got = self._tuples(conn, self.Q["items_claim_stage"], {
-                "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
-                "stage": stage, "limit": want, "holder": params.holder, **token})
+            if stage in keyed:
+                got = self._claim_keyed(conn, params, stage, want, keyed[stage], token)
+            else:
+                got = self._tuples(conn, self.Q["items_claim_stage"], {
+                    "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+                    "stage": stage, "limit": want, "holder": params.holder, **token})
             if got and token["token"] is None:
                 token["token"] = got[0][7]  # the token the first statement took
             rows += got
@@ -44,6 +49,26 @@ class StageLimits(Dialect[C]):
                     **common.limit_params(params.job, limit),
                     "tokens": allowed[limit.stage][0] - spent})
         return rows
+
+    def _claim_keyed(self, conn: C, params: ClaimParams, stage: str, want: int,
+                     max_per_key: int, token: dict[str, Any]) -> list[Any]:
+        """A stage with ``max_per_key``: the items of each concurrency key claimed now (from
+        the claimed rows, after the stage's bucket was locked: one claimer at a time), then
+        the run's pending rows without the keys already full, then those rows a key's free
+        slots allow (core/rates.py ``pick_by_key``: a full key is passed over, not a stop)."""
+        busy = {str(k): int(n) for k, n in self._tuples(conn, self.Q["keys_in_flight"], {
+            "job": params.job, "stage": stage})}
+        full = [k for k, n in busy.items() if n >= max_per_key]
+        rows = self._tuples(conn, self.Q["items_keyed_pending"], {
+            "run_id": params.run_id, "stage": stage, "full": self._list(full),
+            "limit": want * rates.KEYED_WINDOW})
+        ids = rates.pick_by_key([(int(r[0]), r[1]) for r in rows], busy, max_per_key, want)
+        if not ids:
+            return []
+        got = self._tuples(conn, self.Q["items_claim_ids"], {
+            "lease": self._lease(params.lease_seconds), "run_id": params.run_id,
+            "ids": self._list(ids), "holder": params.holder, **token})
+        return sorted(got, key=itemgetter(0))
 
     def _limit_allows(self, conn: C, job: str, limit: StageLimit, want: int
                       ) -> tuple[float, int]:

@@ -99,6 +99,7 @@ class NewItem(NamedTuple):
     data: str | None  # JSON text
     state: str = ItemState.PENDING.value  # pending, or skipped (with its reason)
     error: str | None = None
+    concurrency_key: str | None = None  # migration 0017: max_per_key counts by it
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class StageLimit:
     rate: float | None
     burst: float
     max_in_flight: int | None
+    max_per_key: int | None = None  # items of one concurrency key claimed at once at most
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,7 @@ class ItemRow:
     created_at: str
     updated_at: str
     started_at: str | None = None  # when the handler of its current claim started (0004)
+    concurrency_key: str | None = None  # migration 0017; a hand-off keeps its unit's
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,8 @@ class PostgresStore(LedgerStore[Conn]):
             "run_ids": [r for r, _, _ in items], "stages": [s for _, s, _ in items],
             "seqs": [i.seq for _, _, i in items], "keys": [i.key for _, _, i in items],
             "datas": [i.data for _, _, i in items], "states": [i.state for _, _, i in items],
-            "errors": [i.error for _, _, i in items]})
+            "errors": [i.error for _, _, i in items],
+            "ckeys": [i.concurrency_key for _, _, i in items]})
 
     def close(self) -> None:
         self._closed = True
@@ -490,6 +491,7 @@ class PostgresStore(LedgerStore[Conn]):
             "seqs": [i.seq for i in items], "keys": [i.key for i in items],
             "datas": [i.data for i in items], "states": [i.state for i in items],
             "errors": [i.error for i in items],
+            "ckeys": [i.concurrency_key for i in items],
         }
 
     def _lock_decomposition(self, conn: Conn, run_id: int) -> None:

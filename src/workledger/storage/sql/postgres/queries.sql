@@ -232,20 +232,20 @@ RETURNING r.id, r.cancelled_at;
 -- moves: (none) -> pending, skipped
 -- One statement per batch: the rows arrive as parallel arrays (seqs[i], keys[i], ...), sent in
 -- binary because dumping large arrays as text costs more than the insert itself.
-INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
-SELECT %(run_id)s, %(stage)s, u.seq, u.key, u.data::jsonb, u.state, u.error
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error, concurrency_key)
+SELECT %(run_id)s, %(stage)s, u.seq, u.key, u.data::jsonb, u.state, u.error, u.ckey
 FROM unnest(%(seqs)b::bigint[], %(keys)b::text[], %(datas)b::text[], %(states)b::text[],
-            %(errors)b::text[]) AS u (seq, key, data, state, error)
+            %(errors)b::text[], %(ckeys)b::text[]) AS u (seq, key, data, state, error, ckey)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: items_insert_runs
 -- moves: (none) -> pending, skipped
 -- items_insert for the items of several runs recorded by one submit_many, in one statement.
-INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
-SELECT u.run_id, u.stage, u.seq, u.key, u.data::jsonb, u.state, u.error
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error, concurrency_key)
+SELECT u.run_id, u.stage, u.seq, u.key, u.data::jsonb, u.state, u.error, u.ckey
 FROM unnest(%(run_ids)b::bigint[], %(stages)b::text[], %(seqs)b::bigint[], %(keys)b::text[],
-            %(datas)b::text[], %(states)b::text[], %(errors)b::text[])
-     AS u (run_id, stage, seq, key, data, state, error)
+            %(datas)b::text[], %(states)b::text[], %(errors)b::text[], %(ckeys)b::text[])
+     AS u (run_id, stage, seq, key, data, state, error, ckey)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: items_claim
@@ -358,6 +358,62 @@ WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
           wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
 
+-- name: keys_in_flight
+-- A stage with max_per_key (0017): how many items of each concurrency key the job's runs have
+-- claimed now, counted from the rows themselves through wl_items_keyed_claimed (one entry per
+-- keyed item in flight). Read after the stage's bucket was locked (limit_lock): every claimer
+-- of the stage waits for the one before it, and this statement's snapshot sees its claims.
+SELECT i.concurrency_key, count(*) FROM wl_items AS i
+JOIN wl_runs AS r ON r.id = i.run_id
+WHERE i.state = 'claimed' AND i.concurrency_key IS NOT NULL AND i.stage = %(stage)s
+  AND r.job = %(job)s
+GROUP BY i.concurrency_key;
+
+-- name: items_keyed_pending
+-- The pending, due rows of one run's stage a keyed claim chooses from (core/rates.py
+-- pick_by_key), in id order, the keys already full left out before the window is cut.
+SELECT i.id, i.concurrency_key FROM wl_items AS i
+WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.state = 'pending'
+  AND (i.not_before IS NULL OR i.not_before <= now())
+  AND (i.concurrency_key IS NULL OR i.concurrency_key <> ALL (%(full)s::text[]))
+ORDER BY i.id LIMIT %(limit)s;
+
+-- name: items_keyed_named
+-- A broker task's claim of a stage with max_per_key: the named rows still pending, with their
+-- keys, found by identity, in id order (pick_by_key then chooses what the keys allow).
+SELECT i.id, i.seq, i.concurrency_key FROM wl_items AS i
+WHERE i.run_id = %(run_id)s AND i.stage = %(stage)s AND i.seq = ANY (%(seqs)s::bigint[])
+  AND i.state COLLATE "C" = 'pending'
+ORDER BY i.id;
+
+-- name: items_claim_ids
+-- moves: pending -> claimed
+-- A keyed claim's chosen rows, still pending, of a run that may be claimed from, locked in id
+-- order with SKIP LOCKED; the token is the claim's (the first statement that finds rows takes
+-- it from the sequence, as items_claim_stage does).
+WITH token AS (SELECT (('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))
+                           ::bit(32)::bigint << 40) + nextval('wl_lease_token_seq') AS value),
+picked AS (
+    SELECT i.id FROM wl_items AS i
+    WHERE i.id = ANY (%(ids)s::bigint[]) AND i.run_id = %(run_id)s AND i.state = 'pending'
+      AND EXISTS (SELECT 1 FROM wl_runs AS r WHERE r.id = %(run_id)s
+                  AND r.decomposed_at IS NOT NULL AND r.paused_at IS NULL
+                  AND r.cancelled_at IS NULL)
+    ORDER BY i.id
+    FOR UPDATE SKIP LOCKED)
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    not_before = NULL,
+    held_until = NULL,
+    lease_token = COALESCE(%(token)s::bigint, (SELECT value FROM token)),
+    holder = %(holder)s,
+    lease_until = now() + make_interval(secs => %(lease)s::float8),
+    updated_at = now()
+WHERE wl_items.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING wl_items.id, wl_items.run_id, wl_items.stage, wl_items.seq, wl_items.key,
+          wl_items.data, wl_items.attempts, wl_items.lease_token, wl_items.error;
+
 -- name: limit_lock
 -- A limited stage's bucket, locked for the claim transaction before any item row (the lock
 -- order of docs/design.md): every claimer of the stage, on every machine, waits here for the
@@ -459,9 +515,10 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
--- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007)
-INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
-SELECT i.run_id, h.stage, i.seq, i.key, i.data, i.redispatch_at
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007);
+-- so is the concurrency key: a unit's later stages keep its first stage's (0017)
+INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at, concurrency_key)
+SELECT i.run_id, h.stage, i.seq, i.key, i.data, i.redispatch_at, i.concurrency_key
 FROM unnest(%(ids)s::bigint[], %(stages)s::text[]) AS h (id, stage)
 JOIN wl_items AS i ON i.id = h.id
 WHERE i.id = ANY (%(ids)s::bigint[])  -- lets the planner fetch by primary key, never scan

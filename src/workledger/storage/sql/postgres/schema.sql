@@ -47,6 +47,7 @@ CREATE TABLE wl_items (
     dispatches integer DEFAULT 0 NOT NULL,
     holder text,
     held_until timestamp with time zone,
+    concurrency_key text,
     CONSTRAINT wl_items_pkey PRIMARY KEY (id),
     CONSTRAINT wl_items_run_id_stage_seq_key UNIQUE (run_id, stage, seq),
     CONSTRAINT wl_items_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'claimed'::text, 'processed'::text, 'failed'::text, 'skipped'::text, 'unknown'::text])))
@@ -142,6 +143,8 @@ CREATE INDEX wl_firings_run ON wl_firings USING btree (run_id) WHERE (run_id IS 
 CREATE INDEX wl_items_attention ON wl_items USING btree (state, id) WHERE (state = ANY (ARRAY['failed'::text, 'unknown'::text]));
 
 CREATE INDEX wl_items_claimable ON wl_items USING btree (run_id, id) WHERE (state = 'pending'::text);
+
+CREATE INDEX wl_items_keyed_claimed ON wl_items USING btree (stage, concurrency_key) WHERE ((state = 'claimed'::text) AND (concurrency_key IS NOT NULL));
 
 CREATE INDEX wl_items_leased ON wl_items USING btree (lease_until) WHERE (state = 'claimed'::text);
 

@@ -219,18 +219,18 @@ RETURNING id, cancelled_at;
 
 -- name: items_insert
 -- moves: (none) -> pending, skipped
--- positional parameters (run_id, stage, seq, key, data, state, error): tuples are cheaper
+-- positional parameters (run_id, stage, seq, key, data, state, error, concurrency_key): tuples are cheaper
 -- than dicts when a decomposition writes millions of rows
-INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error, concurrency_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: items_insert_runs
 -- moves: (none) -> pending, skipped
 -- items_insert for the items of several runs recorded by one submit_many: the same positional
 -- rows, each naming its run, sent with executemany in the one transaction.
-INSERT INTO wl_items (run_id, stage, seq, key, data, state, error)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO wl_items (run_id, stage, seq, key, data, state, error, concurrency_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, stage, seq) DO NOTHING;
 
 -- name: lease_token_peek
@@ -322,6 +322,52 @@ WHERE id IN (
       AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
            OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
     ORDER BY id LIMIT :limit)
+  AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
+              AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
+RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
+
+-- name: keys_in_flight
+-- A stage with max_per_key (0017): how many items of each concurrency key the job's runs have
+-- claimed now, counted from the rows themselves through wl_items_keyed_claimed (one entry per
+-- keyed item in flight). Read in the claim's write transaction: one claimer at a time.
+SELECT i.concurrency_key, count(*) FROM wl_items AS i
+JOIN wl_runs AS r ON r.id = i.run_id
+WHERE i.state = 'claimed' AND i.concurrency_key IS NOT NULL AND i.stage = :stage
+  AND r.job = :job
+GROUP BY i.concurrency_key;
+
+-- name: items_keyed_pending
+-- The pending, due rows of one run's stage a keyed claim chooses from (core/rates.py
+-- pick_by_key), in id order, the keys already full left out before the window is cut.
+SELECT id, concurrency_key FROM wl_items INDEXED BY wl_items_stage_claimable
+WHERE run_id = :run_id AND stage = :stage AND state = 'pending'
+  AND (not_before IS NULL OR not_before <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+       OR updated_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+  AND (concurrency_key IS NULL OR concurrency_key NOT IN (SELECT value FROM json_each(:full)))
+ORDER BY id LIMIT :limit;
+
+-- name: items_keyed_named
+-- A broker task's claim of a stage with max_per_key: the named rows still pending, with their
+-- keys, found by identity, in id order (pick_by_key then chooses what the keys allow).
+SELECT id, seq, concurrency_key FROM wl_items INDEXED BY sqlite_autoindex_wl_items_1
+WHERE run_id = :run_id AND stage = :stage AND seq IN (SELECT value FROM json_each(:seqs))
+  AND state = 'pending'
+ORDER BY id;
+
+-- name: items_claim_ids
+-- moves: pending -> claimed
+-- A keyed claim's chosen rows, still pending, of a run that may be claimed from; the token is
+-- the one the claim's other statements share (lease_token_peek).
+UPDATE wl_items SET
+    state = 'claimed',
+    started_at = NULL,
+    not_before = NULL,
+    held_until = NULL,
+    lease_token = :token,
+    holder = :holder,
+    lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', :lease),
+    updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id IN (SELECT value FROM json_each(:ids)) AND run_id = :run_id AND state = 'pending'
   AND EXISTS (SELECT 1 FROM wl_runs r WHERE r.id = :run_id AND r.decomposed_at IS NOT NULL
               AND r.paused_at IS NULL AND r.cancelled_at IS NULL)
 RETURNING id, run_id, stage, seq, key, data, attempts, lease_token, error;
@@ -419,9 +465,11 @@ RETURNING id, stage;
 
 -- name: items_handoff
 -- moves: (none) -> pending
--- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007)
-INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at)
-SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data, i.redispatch_at
+-- redispatch_at is copied: a hand-off row is owed a message as its previous row was (0007);
+-- so is the concurrency key: a unit's later stages keep its first stage's (0017)
+INSERT INTO wl_items (run_id, stage, seq, key, data, redispatch_at, concurrency_key)
+SELECT i.run_id, json_extract(h.value, '$[1]'), i.seq, i.key, i.data, i.redispatch_at,
+       i.concurrency_key
 FROM json_each(:rows) AS h JOIN wl_items AS i ON i.id = json_extract(h.value, '$[0]')
 WHERE true
 ON CONFLICT (run_id, stage, seq) DO NOTHING

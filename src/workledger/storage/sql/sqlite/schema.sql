@@ -46,6 +46,7 @@ CREATE TABLE wl_items (
     dispatches INTEGER NOT NULL DEFAULT 0,
     holder TEXT,
     held_until TEXT,
+    concurrency_key TEXT,
     CHECK (state IN ('pending', 'claimed', 'processed', 'failed', 'skipped', 'unknown')),
     UNIQUE (run_id, stage, seq)
 );
@@ -140,6 +141,8 @@ CREATE INDEX wl_firings_run ON wl_firings (run_id) WHERE run_id IS NOT NULL;
 CREATE INDEX wl_items_attention ON wl_items (state, id) WHERE state IN ('failed', 'unknown');
 
 CREATE INDEX wl_items_claimable ON wl_items (run_id, id) WHERE state = 'pending';
+
+CREATE INDEX wl_items_keyed_claimed ON wl_items (stage, concurrency_key) WHERE state = 'claimed' AND concurrency_key IS NOT NULL;
 
 CREATE INDEX wl_items_leased ON wl_items (lease_until) WHERE state = 'claimed';
 
