@@ -38,12 +38,15 @@ def check_id(what: str, value: int | None) -> None:
 
 def priority_of(value: object) -> int:
     """A run's priority: a whole number from -1000 to 1000 (a bool or a float is refused)."""
+    return _whole("priority", value, limits.PRIORITY_MIN, limits.PRIORITY_MAX)
+
+
+def _whole(what: str, value: object, low: int, high: int) -> int:
+    """A whole number from ``low`` to ``high`` (a bool or a float is refused)."""
     if type(value) is not int:
-        raise BadInput(f"priority: expected a whole number from {limits.PRIORITY_MIN} to "
-                       f"{limits.PRIORITY_MAX}, got {value!r}")
-    if not limits.PRIORITY_MIN <= value <= limits.PRIORITY_MAX:
-        raise BadInput(f"priority {value} is out of range ({limits.PRIORITY_MIN} to "
-                       f"{limits.PRIORITY_MAX})")
+        raise BadInput(f"{what}: expected a whole number from {low} to {high}, got {value!r}")
+    if not low <= value <= high:
+        raise BadInput(f"{what} {value} is out of range ({low} to {high})")
     return value
 
 
@@ -64,20 +67,14 @@ def tenant_name(value: object) -> str:
     if not name.isprintable() or any(c.isspace() for c in name):
         raise BadInput(f"tenant {name!r}: expected printable text without spaces")
     if name == limits.OTHER_TENANTS:
-        raise BadInput(f"tenant {name!r} is reserved: /metrics labels the tenants past its "
-                       "50 busiest so")
+        raise BadInput(f"tenant {name!r} is reserved: it is /metrics' label for the tenants "
+                       "past its 50 busiest")
     return name
 
 
 def weight_of(value: object) -> int:
     """A tenant's weight: a whole number from 1 to 1000 (a bool or a float is refused)."""
-    if type(value) is not int:
-        raise BadInput(f"weight: expected a whole number from {limits.WEIGHT_MIN} to "
-                       f"{limits.WEIGHT_MAX}, got {value!r}")
-    if not limits.WEIGHT_MIN <= value <= limits.WEIGHT_MAX:
-        raise BadInput(f"weight {value} is out of range ({limits.WEIGHT_MIN} to "
-                       f"{limits.WEIGHT_MAX})")
-    return value
+    return _whole("weight", value, limits.WEIGHT_MIN, limits.WEIGHT_MAX)
 
 
 def _check(what: str, value: object, max_bytes: int) -> None:
